@@ -1,0 +1,16 @@
+# Every third-party package comes from Debian's archive (scripts/setup.sh installs them):
+# Boost (Asio, Process), nlohmann/json, spdlog, CLI11, Catch2 v2; CUDA and NCCL when enabled.
+find_package(Threads REQUIRED)
+find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(CLI11 REQUIRED)
+if(DDP_BUILD_TESTS)
+  find_package(Catch2 2 REQUIRED)
+endif()
+if(DDP_WITH_CUDA)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+endif()

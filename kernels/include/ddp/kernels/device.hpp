@@ -1,0 +1,13 @@
+// Device discovery shared by the GPU tests and (later) the trainer: how many CUDA devices this
+// process can use. Builds without CUDA answer 0, so callers can skip GPU work visibly.
+#pragma once
+
+#include <string>
+
+namespace ddp::kernels {
+
+int cuda_device_count();
+// "name, compute capability X.Y, N MiB" of device `index`, for logs and perf records.
+std::string cuda_device_description(int index);
+
+}  // namespace ddp::kernels

@@ -1,0 +1,9 @@
+// CPU-only build of device discovery: there is never a CUDA device.
+#include "ddp/kernels/device.hpp"
+
+namespace ddp::kernels {
+
+int cuda_device_count() { return 0; }
+std::string cuda_device_description(int) { return "no CUDA support in this build"; }
+
+}  // namespace ddp::kernels

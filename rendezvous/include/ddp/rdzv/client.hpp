@@ -1,0 +1,86 @@
+// StoreClient: blocking TCPStore client with timeouts, used by the launcher, the trainer and
+// tests. Keys go on the wire as given (torch's Python client prepends "/"). One request in
+// flight per client; calls from several threads are serialised.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::rdzv {
+
+struct ClientOptions {
+  std::chrono::milliseconds timeout{30000};          // each reply, and the default wait
+  std::chrono::milliseconds connect_timeout{60000};  // keep retrying connect until then
+  // Send HELLO: replies carry a status byte, so server-side refusals arrive as messages.
+  // Turn off to talk to a torch server.
+  bool extensions = true;
+};
+
+class StoreClient {
+ public:
+  StoreClient(std::string host, std::uint16_t port, ClientOptions options = {});
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  void set(std::string_view key, std::string_view value);
+  std::string get(std::string_view key);  // waits for the key first, like torch
+  std::int64_t add(std::string_view key, std::int64_t delta);
+  std::string compare_set(std::string_view key, std::string_view expected,
+                          std::string_view desired);
+  bool check(const std::vector<std::string>& keys);
+  // Throws ddp::TimeoutError naming the keys when they do not all appear in time.
+  void wait(const std::vector<std::string>& keys);
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  bool delete_key(std::string_view key);
+  std::int64_t num_keys();
+  void append(std::string_view key, std::string_view value);
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys);  // waits first
+  void multi_set(const std::vector<std::string>& keys, const std::vector<std::string>& values);
+  std::uint32_t ping(std::uint32_t nonce);
+  void queue_push(std::string_view key, std::string_view value);
+  std::optional<std::string> queue_pop(std::string_view key);  // nullopt when empty
+  std::int64_t queue_len(std::string_view key);
+  std::vector<std::string> list_keys();
+  void barrier(std::string_view key, std::int64_t world_size, std::chrono::milliseconds timeout);
+
+  // Leases (ddprun extension; needs extensions = true and a ddprund server).
+  std::uint64_t lease_grant(std::chrono::milliseconds ttl, bool bind_to_connection);
+  bool lease_keepalive(std::uint64_t lease);
+  bool lease_revoke(std::uint64_t lease);
+  void set_with_lease(std::string_view key, std::string_view value, std::uint64_t lease);
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void connect();
+  void send_request();
+  void read_exact(void* dst, std::size_t n, std::chrono::steady_clock::time_point deadline);
+  bool wait_readable(std::chrono::steady_clock::time_point deadline);
+  void expect_reply(std::chrono::steady_clock::time_point deadline);
+  std::uint8_t read_u8();
+  std::int64_t read_i64();
+  std::string read_bytes();
+  void await_stop(std::chrono::milliseconds timeout,
+                  const std::function<std::string()>& describe);
+  void wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                   std::string_view what);
+  std::chrono::steady_clock::time_point deadline() const;
+  [[noreturn]] void broken(const std::string& why);
+
+  std::string host_;
+  std::uint16_t port_;
+  std::string endpoint_;
+  ClientOptions opts_;
+  int fd_ = -1;
+  std::string buf_;
+  std::mutex mu_;
+};
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,423 @@
+// StoreClient over plain POSIX sockets: connect with backoff and jitter until connect_timeout,
+// every read bounded by poll() against a deadline, torch's WAIT/CANCEL_WAIT dance on timeout.
+#include "ddp/rdzv/client.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/proto/opcodes.hpp"
+#include "ddp/proto/writer.hpp"
+
+namespace ddp::rdzv {
+
+using Clock = std::chrono::steady_clock;
+using proto::Dialect;
+using proto::Op;
+using proto::Writer;
+
+namespace {
+
+std::string join_keys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::max<std::int64_t>(0, left.count()));
+}
+
+// One non-blocking connect attempt to `ai`, bounded by `deadline`. Returns the fd or -1.
+int try_connect(const addrinfo* ai, Clock::time_point deadline, std::string& err) {
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+  if (fd < 0) {
+    err = std::strerror(errno);
+    return -1;
+  }
+  if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    err = std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  pollfd p{fd, POLLOUT, 0};
+  int r = ::poll(&p, 1, std::max(1, remaining_ms(deadline)));
+  int soerr = 0;
+  socklen_t len = sizeof(soerr);
+  if (r <= 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) {
+    err = r == 0 ? "connect timed out" : std::strerror(soerr ? soerr : errno);
+    ::close(fd);
+    return -1;
+  }
+  int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+}  // namespace
+
+StoreClient::StoreClient(std::string host, std::uint16_t port, ClientOptions options)
+    : host_(std::move(host)), port_(port), opts_(options) {
+  endpoint_ = (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" +
+              std::to_string(port_);
+  connect();
+}
+
+StoreClient::~StoreClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void StoreClient::connect() {
+  auto give_up = Clock::now() + opts_.connect_timeout;
+  std::mt19937 rng(std::random_device{}());
+  auto backoff = std::chrono::milliseconds(10);
+  std::string err;
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+    if (rc != 0) {
+      err = std::string("cannot resolve host: ") + ::gai_strerror(rc);
+    } else {
+      for (auto* ai = res; ai && fd_ < 0; ai = ai->ai_next) fd_ = try_connect(ai, give_up, err);
+      ::freeaddrinfo(res);
+    }
+    if (fd_ >= 0) break;
+    if (Clock::now() + backoff >= give_up) {
+      DDP_THROW(IoError, "cannot connect to the store at " + endpoint_ + " after " +
+                             std::to_string(attempts) + " attempts in " +
+                             std::to_string(opts_.connect_timeout.count()) + " ms: " + err);
+    }
+    // Exponential backoff with jitter, so a thousand agents do not retry in lockstep.
+    std::uniform_int_distribution<long> jitter(0, backoff.count());
+    std::this_thread::sleep_for(backoff + std::chrono::milliseconds(jitter(rng)));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  buf_.clear();
+  Writer w(buf_);
+  w.op(Dialect::v2, Op::validate).value<std::uint32_t>(proto::kValidateMagic);
+  if (opts_.extensions) w.op(Dialect::v2, Op::hello).value<std::uint32_t>(proto::kExtensionVersion);
+  send_request();
+  if (opts_.extensions) {
+    expect_reply(deadline());
+    std::uint32_t version = 0;
+    read_exact(&version, sizeof(version), deadline());
+  }
+}
+
+Clock::time_point StoreClient::deadline() const { return Clock::now() + opts_.timeout; }
+
+void StoreClient::broken(const std::string& why) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  DDP_THROW(IoError, "store " + endpoint_ + ": " + why);
+}
+
+void StoreClient::send_request() {
+  if (fd_ < 0) broken("connection already closed by an earlier error");
+  std::size_t off = 0;
+  while (off < buf_.size()) {
+    ssize_t n = ::send(fd_, buf_.data() + off, buf_.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) broken(std::string("send failed: ") + std::strerror(errno));
+    off += static_cast<std::size_t>(n);
+  }
+  buf_.clear();
+}
+
+bool StoreClient::wait_readable(Clock::time_point deadline) {
+  while (true) {
+    pollfd p{fd_, POLLIN, 0};
+    int r = ::poll(&p, 1, remaining_ms(deadline));
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) broken(std::string("poll failed: ") + std::strerror(errno));
+  }
+}
+
+void StoreClient::read_exact(void* dst, std::size_t n, Clock::time_point deadline) {
+  auto* p = static_cast<char*>(dst);
+  while (n > 0) {
+    if (!wait_readable(deadline)) {
+      broken("no reply within " + std::to_string(opts_.timeout.count()) + " ms");
+    }
+    ssize_t r = ::recv(fd_, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) broken("the server closed the connection");
+    if (r < 0) broken(std::string("recv failed: ") + std::strerror(errno));
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+}
+
+void StoreClient::expect_reply(Clock::time_point deadline) {
+  if (!opts_.extensions) return;
+  std::uint8_t status = 0;
+  read_exact(&status, 1, deadline);
+  if (status == proto::kReplyOk) return;
+  std::string msg = status == proto::kReplyError ? read_bytes() : "unknown reply status";
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  DDP_THROW(ProtocolError, "store " + endpoint_ + " refused the request: " + msg);
+}
+
+std::uint8_t StoreClient::read_u8() {
+  std::uint8_t v = 0;
+  read_exact(&v, 1, deadline());
+  return v;
+}
+
+std::int64_t StoreClient::read_i64() {
+  std::int64_t v = 0;
+  read_exact(&v, sizeof(v), deadline());
+  return v;
+}
+
+std::string StoreClient::read_bytes() {
+  std::uint64_t len = 0;
+  read_exact(&len, sizeof(len), deadline());
+  if (len > 1ull << 32) broken("reply announces " + std::to_string(len) + " bytes");
+  std::string s(static_cast<std::size_t>(len), '\0');
+  read_exact(s.data(), s.size(), deadline());
+  return s;
+}
+
+void StoreClient::set(std::string_view key, std::string_view value) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::set).bytes(key).bytes(value);
+  send_request();
+}
+
+std::string StoreClient::get(std::string_view key) {
+  std::lock_guard<std::mutex> g(mu_);
+  wait_locked({std::string(key)}, opts_.timeout, "get");
+  Writer(buf_).op(Dialect::v2, Op::get).bytes(key);
+  send_request();
+  expect_reply(deadline());
+  return read_bytes();
+}
+
+std::int64_t StoreClient::add(std::string_view key, std::int64_t delta) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::add).bytes(key).value(delta);
+  send_request();
+  expect_reply(deadline());
+  return read_i64();
+}
+
+std::string StoreClient::compare_set(std::string_view key, std::string_view expected,
+                                     std::string_view desired) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::compare_set).bytes(key).bytes(expected).bytes(desired);
+  send_request();
+  expect_reply(deadline());
+  return read_bytes();
+}
+
+bool StoreClient::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer w(buf_);
+  w.op(Dialect::v2, Op::check).value<std::uint64_t>(keys.size());
+  for (const auto& k : keys) w.bytes(k);
+  send_request();
+  expect_reply(deadline());
+  return read_u8() == proto::kCheckReady;
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, opts_.timeout); }
+
+void StoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> g(mu_);
+  wait_locked(keys, timeout, "wait");
+}
+
+void StoreClient::wait_locked(const std::vector<std::string>& keys,
+                              std::chrono::milliseconds timeout, std::string_view what) {
+  Writer w(buf_);
+  w.op(Dialect::v2, Op::wait).value<std::uint64_t>(keys.size());
+  for (const auto& k : keys) w.bytes(k);
+  send_request();
+  await_stop(timeout, [&] { return std::string(what) + " on keys: " + join_keys(keys); });
+}
+
+// After WAIT or BARRIER: poll up to `timeout`; on expiry CANCEL_WAIT and drain: a STOP_WAITING
+// that crossed the cancel on the wire is followed by WAIT_CANCELED (torch's TCPStore::doWait).
+void StoreClient::await_stop(std::chrono::milliseconds timeout,
+                             const std::function<std::string()>& describe) {
+  if (wait_readable(Clock::now() + timeout)) {
+    expect_reply(deadline());
+    if (read_u8() != proto::kStopWaiting) broken("unexpected reply to " + describe());
+    return;
+  }
+  Writer(buf_).op(Dialect::v2, Op::cancel_wait);
+  send_request();
+  expect_reply(deadline());
+  std::uint8_t r = read_u8();
+  if (r == proto::kStopWaiting) {
+    expect_reply(deadline());
+    r = read_u8();
+  }
+  if (r != proto::kWaitCanceled) broken("unexpected reply to CANCEL_WAIT");
+  DDP_THROW(TimeoutError, describe() + " timed out after " + std::to_string(timeout.count()) +
+                              " ms (store " + endpoint_ + ")");
+}
+
+bool StoreClient::delete_key(std::string_view key) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::delete_key).bytes(key);
+  send_request();
+  expect_reply(deadline());
+  return read_i64() != 0;
+}
+
+std::int64_t StoreClient::num_keys() {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::num_keys);
+  send_request();
+  expect_reply(deadline());
+  return read_i64();
+}
+
+void StoreClient::append(std::string_view key, std::string_view value) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::append).bytes(key).bytes(value);
+  send_request();
+}
+
+std::vector<std::string> StoreClient::multi_get(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> g(mu_);
+  wait_locked(keys, opts_.timeout, "multi_get");
+  Writer w(buf_);
+  w.op(Dialect::v2, Op::multi_get).value<std::uint64_t>(keys.size());
+  for (const auto& k : keys) w.bytes(k);
+  send_request();
+  expect_reply(deadline());
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(read_bytes());
+  return out;
+}
+
+void StoreClient::multi_set(const std::vector<std::string>& keys,
+                            const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    DDP_THROW(ConfigError, "multi_set: " + std::to_string(keys.size()) + " keys but " +
+                               std::to_string(values.size()) + " values");
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  Writer w(buf_);
+  w.op(Dialect::v2, Op::multi_set).value<std::int64_t>(static_cast<std::int64_t>(keys.size()));
+  for (std::size_t i = 0; i < keys.size(); ++i) w.bytes(keys[i]).bytes(values[i]);
+  send_request();
+}
+
+std::uint32_t StoreClient::ping(std::uint32_t nonce) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::ping).value(nonce);
+  send_request();
+  expect_reply(deadline());
+  std::uint32_t v = 0;
+  read_exact(&v, sizeof(v), deadline());
+  return v;
+}
+
+void StoreClient::queue_push(std::string_view key, std::string_view value) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::queue_push).bytes(key).bytes(value);
+  send_request();
+}
+
+std::optional<std::string> StoreClient::queue_pop(std::string_view key) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::queue_pop).bytes(key);
+  send_request();
+  expect_reply(deadline());
+  if (read_i64() <= 0) return std::nullopt;
+  return read_bytes();
+}
+
+std::int64_t StoreClient::queue_len(std::string_view key) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::queue_len).bytes(key);
+  send_request();
+  expect_reply(deadline());
+  return read_i64();
+}
+
+std::vector<std::string> StoreClient::list_keys() {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::list_keys);
+  send_request();
+  expect_reply(deadline());
+  std::int64_t n = read_i64();
+  if (n < 0) broken("negative key count in LIST_KEYS reply");
+  std::vector<std::string> out;
+  for (std::int64_t i = 0; i < n; ++i) out.push_back(read_bytes());
+  return out;
+}
+
+void StoreClient::barrier(std::string_view key, std::int64_t world_size,
+                          std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::barrier).bytes(key).value(world_size);
+  send_request();
+  await_stop(timeout, [&] {
+    return "barrier '" + std::string(key) + "' of " + std::to_string(world_size);
+  });
+}
+
+std::uint64_t StoreClient::lease_grant(std::chrono::milliseconds ttl, bool bind_to_connection) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::lease_grant).value<std::int64_t>(ttl.count()).u8(
+      bind_to_connection ? 1 : 0);
+  send_request();
+  expect_reply(deadline());
+  return static_cast<std::uint64_t>(read_i64());
+}
+
+bool StoreClient::lease_keepalive(std::uint64_t lease) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::lease_keepalive).value(lease);
+  send_request();
+  expect_reply(deadline());
+  return read_u8() == 0;
+}
+
+bool StoreClient::lease_revoke(std::uint64_t lease) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::lease_revoke).value(lease);
+  send_request();
+  expect_reply(deadline());
+  return read_u8() == 0;
+}
+
+void StoreClient::set_with_lease(std::string_view key, std::string_view value,
+                                 std::uint64_t lease) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::set_with_lease).bytes(key).bytes(value).value(lease);
+  send_request();
+  expect_reply(deadline());
+  if (read_u8() != 0) {
+    DDP_THROW(Error, "set_with_lease: lease " + std::to_string(lease) + " is unknown or expired");
+  }
+}
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,31 @@
+// One request against the KvTable: decides the reply bytes, registers waits, reports woken
+// waiters. Pure (no sockets, no locks), so every opcode is unit-tested byte for byte.
+#pragma once
+
+#include <string>
+
+#include "ddp/proto/decoder.hpp"
+#include "ddp/rdzv/kv_table.hpp"
+
+namespace ddp::rdzv {
+
+enum class Outcome : std::uint8_t {
+  replied,  // reply (possibly none, for SET-like ops) is in `out`
+  waiting,  // WAIT/BARRIER registered; STOP_WAITING comes when woken
+  failed,   // request refused: `error` says why, the connection must close
+};
+
+struct DispatchContext {
+  KvTable& table;
+  WaiterId self;
+  Millis now;
+  bool status_prefix;  // the connection sent HELLO: every reply starts with kReplyOk
+  std::string& out;
+  Woken& woken;
+  std::string error;
+};
+
+// Not for CANCEL_WAIT, which needs the connection's wake bookkeeping (session.cpp).
+Outcome dispatch(const proto::Request& req, DispatchContext& ctx);
+
+}  // namespace ddp::rdzv

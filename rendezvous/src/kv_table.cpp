@@ -1,0 +1,304 @@
+// KvTable: torch TCPStore semantics over hash maps, plus waiters, queues and leases.
+// See kv_table.hpp for the contract; torch-compat.md §5.4 for the semantics copied here.
+#include "ddp/rdzv/kv_table.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::rdzv {
+namespace {
+
+std::optional<std::int64_t> parse_count(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p == s.data()) return std::nullopt;
+  return v;
+}
+
+void erase_one(std::vector<WaiterId>& list, WaiterId w) {
+  list.erase(std::remove(list.begin(), list.end(), w), list.end());
+}
+
+}  // namespace
+
+void KvTable::set(std::string_view key, std::string_view value, Woken& woken) {
+  detach_lease(key);
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    kv_.emplace(std::string(key), std::string(value));
+  } else {
+    it->second.assign(value);
+  }
+  changed(key, woken);
+}
+
+std::string KvTable::compare_set(std::string_view key, std::string_view expected,
+                                 std::string_view desired, Woken& woken) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    if (!expected.empty()) return std::string(expected);
+    kv_.emplace(std::string(key), std::string(desired));
+    changed(key, woken);
+    return std::string(desired);
+  }
+  if (it->second == expected) {
+    it->second.assign(desired);
+    std::string out = it->second;
+    changed(key, woken);
+    return out;
+  }
+  return it->second;
+}
+
+const std::string* KvTable::get(std::string_view key) const {
+  auto it = kv_.find(key);
+  return it == kv_.end() ? nullptr : &it->second;
+}
+
+std::int64_t KvTable::add(std::string_view key, std::int64_t delta, Woken& woken) {
+  auto it = kv_.find(key);
+  std::int64_t current = 0;
+  if (it != kv_.end()) {
+    auto parsed = parse_count(it->second);
+    if (!parsed) {
+      DDP_THROW(ProtocolError, "ADD on key '" + std::string(key) + "' whose value is not a number");
+    }
+    current = *parsed;
+  }
+  std::int64_t next = 0;
+  if (__builtin_add_overflow(current, delta, &next)) {
+    DDP_THROW(ProtocolError, "ADD on key '" + std::string(key) + "' overflows int64");
+  }
+  if (it == kv_.end()) {
+    kv_.emplace(std::string(key), std::to_string(next));
+  } else {
+    it->second = std::to_string(next);
+  }
+  changed(key, woken);
+  return next;
+}
+
+void KvTable::append(std::string_view key, std::string_view data, Woken& woken) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    kv_.emplace(std::string(key), std::string(data));
+  } else {
+    it->second.append(data);
+  }
+  changed(key, woken);
+}
+
+bool KvTable::erase(std::string_view key) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return false;
+  detach_lease(key);
+  kv_.erase(it);
+  return true;
+}
+
+std::vector<std::string_view> KvTable::list_keys() const {
+  std::vector<std::string_view> out;
+  out.reserve(kv_.size());
+  for (const auto& [k, v] : kv_) out.emplace_back(k);
+  return out;
+}
+
+bool KvTable::exists(std::string_view key) const {
+  if (kv_.find(key) != kv_.end()) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
+}
+
+void KvTable::queue_push(std::string_view key, std::string_view value, Woken& woken) {
+  auto it = queues_.find(key);
+  if (it == queues_.end()) it = queues_.emplace(std::string(key), std::deque<std::string>{}).first;
+  it->second.emplace_back(value);
+  // One value, one consumer: wake only the oldest waiter (torch's wakeupOneWaitingClient).
+  auto w = waiting_.find(key);
+  if (w == waiting_.end() || w->second.empty()) return;
+  WaiterId first = w->second.front();
+  w->second.erase(w->second.begin());
+  if (w->second.empty()) waiting_.erase(w);
+  auto a = awaited_.find(first);
+  if (a != awaited_.end() && --a->second.pending <= 0) {
+    awaited_.erase(a);
+    woken.push_back(first);
+  }
+}
+
+std::int64_t KvTable::queue_pop(std::string_view key, std::string& out) {
+  auto it = queues_.find(key);
+  if (it == queues_.end() || it->second.empty()) return 0;
+  auto len = static_cast<std::int64_t>(it->second.size());
+  out = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
+  return len;
+}
+
+std::int64_t KvTable::queue_len(std::string_view key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size());
+}
+
+bool KvTable::wait(WaiterId w, std::span<const std::string_view> keys) {
+  cancel(w);
+  Awaited a;
+  for (auto k : keys) {
+    if (exists(k)) continue;
+    ++a.pending;
+    a.keys.emplace_back(k);
+    auto it = waiting_.find(k);
+    if (it == waiting_.end()) it = waiting_.emplace(std::string(k), std::vector<WaiterId>{}).first;
+    it->second.push_back(w);
+  }
+  if (a.pending == 0) return true;
+  awaited_.emplace(w, std::move(a));
+  return false;
+}
+
+bool KvTable::barrier(WaiterId w, std::string_view key, std::int64_t world_size, Woken& woken) {
+  cancel(w);
+  std::int64_t count = add(key, 1, woken);  // wakes earlier arrivals once count >= theirs
+  if (count >= world_size) return true;
+  auto it = barriers_.find(key);
+  if (it == barriers_.end()) {
+    it = barriers_.emplace(std::string(key), std::vector<BarrierWaiter>{}).first;
+  }
+  it->second.push_back({w, world_size});
+  Awaited a;
+  a.pending = 1;
+  a.keys.emplace_back(key);
+  awaited_.emplace(w, std::move(a));
+  return false;
+}
+
+void KvTable::cancel(WaiterId w) {
+  auto a = awaited_.find(w);
+  if (a == awaited_.end()) return;
+  for (const auto& k : a->second.keys) {
+    if (auto it = waiting_.find(k); it != waiting_.end()) {
+      erase_one(it->second, w);
+      if (it->second.empty()) waiting_.erase(it);
+    }
+    if (auto it = barriers_.find(k); it != barriers_.end()) {
+      auto& v = it->second;
+      v.erase(std::remove_if(v.begin(), v.end(), [w](const BarrierWaiter& b) { return b.w == w; }),
+              v.end());
+      if (v.empty()) barriers_.erase(it);
+    }
+  }
+  awaited_.erase(a);
+}
+
+void KvTable::changed(std::string_view key, Woken& woken) {
+  if (auto it = waiting_.find(key); it != waiting_.end()) {
+    for (WaiterId w : it->second) {
+      auto a = awaited_.find(w);
+      if (a != awaited_.end() && --a->second.pending <= 0) {
+        awaited_.erase(a);
+        woken.push_back(w);
+      }
+    }
+    waiting_.erase(it);
+  }
+  auto b = barriers_.find(key);
+  if (b == barriers_.end()) return;
+  auto count = parse_count(kv_.find(key)->second);
+  if (!count) return;
+  auto& list = b->second;
+  auto reached = [&](const BarrierWaiter& bw) { return *count >= bw.world_size; };
+  for (const auto& bw : list) {
+    if (reached(bw)) {
+      awaited_.erase(bw.w);
+      woken.push_back(bw.w);
+    }
+  }
+  list.erase(std::remove_if(list.begin(), list.end(), reached), list.end());
+  if (list.empty()) barriers_.erase(b);
+}
+
+LeaseId KvTable::lease_grant(Millis ttl, WaiterId owner, Millis now) {
+  LeaseId id = next_lease_++;
+  Lease l;
+  l.ttl = ttl;
+  l.expiry = ttl.count() > 0 ? now + ttl : Millis::max();
+  l.owner = owner;
+  leases_.emplace(id, std::move(l));
+  return id;
+}
+
+bool KvTable::lease_keepalive(LeaseId id, Millis now) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return false;
+  if (it->second.ttl.count() > 0) it->second.expiry = now + it->second.ttl;
+  return true;
+}
+
+bool KvTable::lease_revoke(LeaseId id) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return false;
+  drop_lease(it);
+  return true;
+}
+
+bool KvTable::set_with_lease(std::string_view key, std::string_view value, LeaseId id,
+                             Woken& woken) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return false;
+  set(key, value, woken);  // detaches from any previous lease
+  it->second.keys.emplace(key);
+  key_lease_.emplace(std::string(key), id);
+  return true;
+}
+
+void KvTable::release_owner(WaiterId owner) {
+  cancel(owner);
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
+    if (it->second.owner == owner) drop_lease(it);
+    it = next;
+  }
+}
+
+std::optional<Millis> KvTable::next_expiry() const {
+  std::optional<Millis> out;
+  for (const auto& [id, l] : leases_) {
+    if (l.expiry != Millis::max() && (!out || l.expiry < *out)) out = l.expiry;
+  }
+  return out;
+}
+
+std::size_t KvTable::expire(Millis now) {
+  std::size_t n = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
+    if (it->second.expiry <= now) {
+      drop_lease(it);
+      ++n;
+    }
+    it = next;
+  }
+  return n;
+}
+
+void KvTable::detach_lease(std::string_view key) {
+  auto it = key_lease_.find(key);
+  if (it == key_lease_.end()) return;
+  if (auto l = leases_.find(it->second); l != leases_.end()) {
+    l->second.keys.erase(std::string(key));
+  }
+  key_lease_.erase(it);
+}
+
+void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it) {
+  for (const auto& k : it->second.keys) {
+    key_lease_.erase(k);
+    kv_.erase(k);
+  }
+  leases_.erase(it);
+}
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,188 @@
+// StoreServer: binds the listener, runs one io_context per thread (connections are spread
+// round-robin across them), sweeps expired leases, and tears everything down on stop().
+#include "ddp/rdzv/server.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/log.hpp"
+#include "session.hpp"
+
+namespace ddp::rdzv {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+constexpr auto kSweepPeriod = std::chrono::milliseconds(50);
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+
+unsigned default_threads() {
+  unsigned hw = std::thread::hardware_concurrency();
+  return std::clamp(hw, 1u, 4u);
+}
+
+void warn_small_backlog(int wanted) {
+  std::ifstream f("/proc/sys/net/core/somaxconn");
+  int somaxconn = 0;
+  if (f >> somaxconn && somaxconn < wanted && somaxconn < 4096) {
+    logger("rdzv").warn(
+        "net.core.somaxconn is {}: connection storms above that many clients may see resets "
+        "(raise it with sysctl -w net.core.somaxconn=65535)",
+        somaxconn);
+  }
+}
+}  // namespace
+
+struct StoreServer::Impl {
+  ServerOptions opts;
+  SharedState shared;
+  std::vector<std::unique_ptr<asio::io_context>> loops;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
+  std::unique_ptr<tcp::acceptor> acceptor;
+  std::unique_ptr<asio::steady_timer> sweeper;
+  std::unique_ptr<asio::steady_timer> accept_retry;
+  std::vector<std::thread> threads;
+  std::atomic<WaiterId> next_id{1};
+  std::size_t next_loop = 0;
+  std::uint16_t port = 0;
+  bool started = false, stopped = false;
+
+  explicit Impl(ServerOptions o) : opts(std::move(o)) { shared.limits = opts.limits; }
+
+  void bind() {
+    unsigned n = opts.threads ? opts.threads : default_threads();
+    for (unsigned i = 0; i < n; ++i) {
+      loops.push_back(std::make_unique<asio::io_context>(1));
+      guards.push_back(asio::make_work_guard(*loops.back()));
+    }
+    auto& io = *loops[0];
+    boost::system::error_code ec;
+    tcp::resolver resolver(io);
+    auto results = resolver.resolve(opts.host, std::to_string(opts.port),
+                                    tcp::resolver::numeric_service, ec);
+    if (ec || results.empty()) {
+      DDP_THROW(IoError, "cannot resolve listen address '" + opts.host + "': " + ec.message());
+    }
+    tcp::endpoint ep = results.begin()->endpoint();
+    acceptor = std::make_unique<tcp::acceptor>(io);
+    acceptor->open(ep.protocol(), ec);
+    if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec && ep.address().is_v6()) acceptor->set_option(asio::ip::v6_only(false), ec);
+    if (!ec) acceptor->bind(ep, ec);
+    if (!ec) acceptor->listen(opts.backlog, ec);
+    if (ec) {
+      DDP_THROW(IoError, "cannot listen on " + opts.host + ":" + std::to_string(opts.port) + ": " +
+                             ec.message());
+    }
+    port = acceptor->local_endpoint().port();
+    warn_small_backlog(opts.backlog);
+    sweeper = std::make_unique<asio::steady_timer>(io);
+    accept_retry = std::make_unique<asio::steady_timer>(io);
+  }
+
+  void accept() {
+    auto& target = *loops[next_loop];
+    next_loop = (next_loop + 1) % loops.size();
+    acceptor->async_accept(target, [this](const boost::system::error_code& ec, tcp::socket s) {
+      if (ec == asio::error::operation_aborted) return;
+      if (ec) {
+        // EMFILE and friends: back off instead of spinning on a full fd table.
+        logger("rdzv").warn("accept failed: {}; retrying", ec.message());
+        accept_retry->expires_after(kAcceptRetry);
+        accept_retry->async_wait([this](const boost::system::error_code& e) {
+          if (!e) accept();
+        });
+        return;
+      }
+      on_accept(std::move(s));
+      accept();
+    });
+  }
+
+  void on_accept(tcp::socket s) {
+    if (shared.connections_open.load() >= opts.max_connections) {
+      shared.connections_refused.fetch_add(1);
+      logger("rdzv").warn("refusing a connection: the limit of {} connections is reached",
+                          opts.max_connections);
+      boost::system::error_code ignored;
+      s.close(ignored);
+      return;
+    }
+    WaiterId id = next_id.fetch_add(1);
+    auto session = std::make_shared<Session>(std::move(s), shared, id);
+    {
+      std::lock_guard<std::mutex> g(shared.mu);
+      shared.sessions.emplace(id, session);
+    }
+    shared.connections_open.fetch_add(1);
+    shared.connections_total.fetch_add(1);
+    asio::post(session->executor(), [session] { session->start(); });
+  }
+
+  void sweep() {
+    sweeper->expires_after(kSweepPeriod);
+    sweeper->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      {
+        std::lock_guard<std::mutex> g(shared.mu);
+        shared.table.expire(shared.now());
+      }
+      sweep();
+    });
+  }
+};
+
+StoreServer::StoreServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+StoreServer::~StoreServer() { stop(); }
+
+void StoreServer::start() {
+  auto& m = *impl_;
+  if (m.started) return;
+  m.bind();
+  m.started = true;
+  m.accept();
+  m.sweep();
+  for (auto& loop : m.loops) {
+    m.threads.emplace_back([io = loop.get()] {
+      try {
+        io->run();
+      } catch (const std::exception& e) {
+        logger("rdzv").critical("event loop stopped by an exception: {}", e.what());
+      }
+    });
+  }
+}
+
+void StoreServer::stop() {
+  auto& m = *impl_;
+  if (!m.started || m.stopped) return;
+  m.stopped = true;
+  for (auto& loop : m.loops) loop->stop();
+  for (auto& t : m.threads) t.join();
+  boost::system::error_code ignored;
+  m.acceptor->close(ignored);
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard<std::mutex> g(m.shared.mu);
+    for (auto& [id, weak] : m.shared.sessions) {
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+    }
+    m.shared.sessions.clear();
+  }
+  for (auto& s : live) s->abort();
+}
+
+std::uint16_t StoreServer::port() const { return impl_->port; }
+const std::string& StoreServer::host() const { return impl_->opts.host; }
+
+ServerStats StoreServer::stats() const {
+  const auto& s = impl_->shared;
+  return {s.connections_open.load(), s.connections_total.load(), s.connections_refused.load(),
+          s.requests.load(), s.protocol_errors.load()};
+}
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,220 @@
+// Session: the per-connection read/dispatch/write loop. Replies are batched per read and sent
+// with one write; a client that stops reading is not read from until its replies drain.
+// Deferred WAIT/BARRIER replies: a waker bumps wakes_issued under the shared lock and posts
+// deliver_wakes(); CANCEL_WAIT sends any undelivered STOP_WAITING before WAIT_CANCELED.
+#include "session.hpp"
+
+#include <netinet/in.h>
+#include <cstring>
+#include <netinet/tcp.h>
+
+#include "ddp/proto/writer.hpp"
+#include "ddp/rdzv/log.hpp"
+#include "dispatch.hpp"
+
+namespace ddp::rdzv {
+
+namespace asio = boost::asio;
+using proto::Op;
+
+namespace {
+constexpr std::size_t kReadChunk = 16 * 1024;
+constexpr std::size_t kMaxPendingOut = 4 * 1024 * 1024;  // stop reading until replies drain
+
+bool needs_table(Op op) {
+  return op != Op::validate && op != Op::ping && op != Op::hello;
+}
+}  // namespace
+
+Session::Session(asio::ip::tcp::socket socket, SharedState& shared, WaiterId id)
+    : socket_(std::move(socket)), shared_(shared), id_(id), decoder_(shared.limits) {}
+
+void Session::start() {
+  boost::system::error_code ec;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  // Keep-alive so that a peer which vanished (power loss) releases its connection-bound leases.
+  socket_.set_option(asio::socket_base::keep_alive(true), ec);
+  int fd = socket_.native_handle();
+  int idle = 15, intvl = 5, cnt = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  auto ep = socket_.remote_endpoint(ec);
+  if (!ec) peer_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+  read();
+}
+
+void Session::read() {
+  if (reading_ || closing_ || closed_) return;
+  if (in_.size() - in_end_ < kReadChunk) {
+    if (in_begin_ > 0) {
+      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+    }
+    if (in_.size() - in_end_ < kReadChunk) in_.resize(std::max(in_.size() * 2, 2 * kReadChunk));
+  }
+  reading_ = true;
+  socket_.async_read_some(
+      asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
+        self->on_read(ec, n);
+      });
+}
+
+void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
+  reading_ = false;
+  if (ec) {
+    if (ec != asio::error::eof && ec != asio::error::operation_aborted &&
+        ec != asio::error::connection_reset) {
+      logger("rdzv").debug("connection {}: read failed: {}", peer_, ec.message());
+    }
+    close();
+    return;
+  }
+  in_end_ += n;
+  process();
+  flush();
+  if (out_.size() + writing_.size() < kMaxPendingOut) read();
+}
+
+void Session::process() {
+  while (!closing_ && !closed_) {
+    auto r = decoder_.decode(std::span<const char>(in_.data() + in_begin_, in_end_ - in_begin_),
+                             req_);
+    if (r.status == proto::DecodeStatus::need_more) break;
+    if (r.status == proto::DecodeStatus::error) {
+      fail(r.error);
+      return;
+    }
+    shared_.requests.fetch_add(1, std::memory_order_relaxed);
+    bool go_on = handle(req_);
+    in_begin_ += r.consumed;
+    if (!go_on) return;
+  }
+  if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+}
+
+bool Session::handle(const proto::Request& req) {
+  if (req.op == Op::cancel_wait) {
+    cancel_wait(true);
+    return true;
+  }
+  // Any other request while a wait is pending means the client stopped waiting. torch 1.13
+  // does exactly this after a timed-out wait(); dropping the registration here prevents the
+  // stray STOP_WAITING that desynchronises 1.13's own server (torch-compat.md §5.5).
+  if (wait_pending_) cancel_wait(false);
+  if (req.op == Op::hello) status_prefix_ = true;
+
+  std::size_t mark = out_.size();
+  woken_.clear();
+  DispatchContext ctx{shared_.table, id_, shared_.now(), status_prefix_, out_, woken_, {}};
+  Outcome outcome;
+  std::vector<std::shared_ptr<Session>> wake;
+  if (needs_table(req.op)) {
+    std::lock_guard<std::mutex> g(shared_.mu);
+    outcome = dispatch(req, ctx);
+    for (WaiterId w : woken_) {
+      auto it = shared_.sessions.find(w);
+      if (it == shared_.sessions.end()) continue;
+      if (auto s = it->second.lock()) {
+        s->wakes_issued.fetch_add(1);
+        wake.push_back(std::move(s));
+      }
+    }
+  } else {
+    outcome = dispatch(req, ctx);
+  }
+  for (auto& s : wake) {
+    asio::post(s->executor(), [s] { s->deliver_wakes(); });
+  }
+  if (outcome == Outcome::failed) {
+    out_.resize(mark);
+    fail(ctx.error);
+    return false;
+  }
+  if (outcome == Outcome::waiting) wait_pending_ = true;
+  return true;
+}
+
+void Session::cancel_wait(bool reply) {
+  std::uint64_t issued = 0;
+  {
+    std::lock_guard<std::mutex> g(shared_.mu);
+    shared_.table.cancel(id_);
+    issued = wakes_issued.load();
+  }
+  if (reply) {
+    proto::Writer w(out_);
+    for (; wakes_delivered_ < issued; ++wakes_delivered_) {
+      if (status_prefix_) w.u8(proto::kReplyOk);
+      w.u8(proto::kStopWaiting);
+    }
+    if (status_prefix_) w.u8(proto::kReplyOk);
+    w.u8(proto::kWaitCanceled);
+  }
+  wakes_delivered_ = issued;
+  wait_pending_ = false;
+}
+
+void Session::deliver_wakes() {
+  if (closed_ || closing_) return;
+  std::uint64_t issued = wakes_issued.load();
+  if (wakes_delivered_ >= issued) return;
+  proto::Writer w(out_);
+  for (; wakes_delivered_ < issued; ++wakes_delivered_) {
+    if (status_prefix_) w.u8(proto::kReplyOk);
+    w.u8(proto::kStopWaiting);
+  }
+  wait_pending_ = false;
+  flush();
+}
+
+void Session::fail(const std::string& why) {
+  shared_.protocol_errors.fetch_add(1, std::memory_order_relaxed);
+  logger("rdzv").warn("closing connection from {}: {}", peer_.empty() ? "?" : peer_, why);
+  if (status_prefix_) proto::Writer(out_).u8(proto::kReplyError).bytes(why);
+  closing_ = true;
+  flush();
+}
+
+void Session::flush() {
+  if (closed_ || !writing_.empty()) return;
+  if (out_.empty()) {
+    if (closing_) close();
+    return;
+  }
+  std::swap(out_, writing_);
+  asio::async_write(socket_, asio::buffer(writing_),
+                    [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+                      self->writing_.clear();
+                      if (ec) {
+                        self->close();
+                        return;
+                      }
+                      self->flush();
+                      if (self->out_.size() < kMaxPendingOut) self->read();
+                    });
+}
+
+void Session::close() {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ec;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  {
+    std::lock_guard<std::mutex> g(shared_.mu);
+    shared_.table.release_owner(id_);
+    shared_.sessions.erase(id_);
+  }
+  shared_.connections_open.fetch_sub(1);
+}
+
+void Session::abort() {
+  closed_ = true;
+  boost::system::error_code ec;
+  socket_.close(ec);
+}
+
+}  // namespace ddp::rdzv

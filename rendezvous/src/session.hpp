@@ -1,0 +1,81 @@
+// One client connection of the store server: read bytes -> decode -> dispatch under the shared
+// lock -> write replies. Also delivers deferred STOP_WAITING replies posted by other threads.
+#pragma once
+
+#include <atomic>
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
+
+#include <boost/asio.hpp>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ddp/proto/decoder.hpp"
+#include "ddp/rdzv/kv_table.hpp"
+#include "ddp/rdzv/server.hpp"
+
+namespace ddp::rdzv {
+
+class Session;
+
+// State shared by every loop thread. `mu` guards `table` and `sessions`.
+struct SharedState {
+  std::mutex mu;
+  KvTable table;
+  std::unordered_map<WaiterId, std::weak_ptr<Session>> sessions;
+  proto::Limits limits;
+  std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
+  std::atomic<std::uint64_t> connections_open{0}, connections_total{0}, connections_refused{0},
+      requests{0}, protocol_errors{0};
+
+  Millis now() const {
+    return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - epoch);
+  }
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(boost::asio::ip::tcp::socket socket, SharedState& shared, WaiterId id);
+  void start();
+  // Called on the session's own loop after a waker bumped `wakes_issued`.
+  void deliver_wakes();
+  // Closes the socket without touching shared state (server shutdown, loops stopped).
+  void abort();
+
+  WaiterId id() const { return id_; }
+  boost::asio::any_io_executor executor() { return socket_.get_executor(); }
+
+  // Incremented under SharedState::mu by whoever's change woke this session's wait.
+  std::atomic<std::uint64_t> wakes_issued{0};
+
+ private:
+  void read();
+  void on_read(const boost::system::error_code& ec, std::size_t n);
+  void process();
+  bool handle(const proto::Request& req);
+  void cancel_wait(bool reply);
+  void fail(const std::string& why);
+  void flush();
+  void close();
+
+  boost::asio::ip::tcp::socket socket_;
+  SharedState& shared_;
+  WaiterId id_;
+  std::string peer_;
+  proto::Decoder decoder_;
+  proto::Request req_;
+  std::vector<char> in_;
+  std::size_t in_begin_ = 0, in_end_ = 0;
+  std::string out_, writing_;
+  Woken woken_;
+  std::uint64_t wakes_delivered_ = 0;
+  bool wait_pending_ = false;
+  bool status_prefix_ = false;
+  bool reading_ = false;
+  bool closing_ = false;  // no more reads; close once the last write is out
+  bool closed_ = false;
+};
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,89 @@
+// ddprund: the standalone rendezvous store daemon. Serves the c10d TCPStore protocol (torch
+// 2.x and 1.13 clients) plus ddprun's lease extensions until SIGTERM or SIGINT.
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/log.hpp"
+#include "ddp/rdzv/server.hpp"
+
+namespace {
+
+// Connection storms need one descriptor per client: lift the soft limit to the hard one.
+void raise_fd_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::rdzv::ServerOptions opts;
+  std::string port_file;
+  CLI::App app{"ddprund: c10d TCPStore-compatible rendezvous store daemon"};
+  app.add_option("--host", opts.host,
+                 "address to bind (only this one; 0.0.0.0 or :: for every interface)")
+      ->capture_default_str();
+  app.add_option("--port", opts.port, "TCP port; 0 picks a free one and prints it")
+      ->capture_default_str();
+  app.add_option("--port-file", port_file, "write the bound port to this file once listening");
+  app.add_option("--threads", opts.threads, "event-loop threads (0: one per core, at most 4)")
+      ->capture_default_str();
+  app.add_option("--max-connections", opts.max_connections, "connections served at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-key-bytes", opts.limits.max_key_bytes, "largest key")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-value-bytes", opts.limits.max_value_bytes, "largest value")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-keys-per-request", opts.limits.max_keys_per_request,
+                 "most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--backlog", opts.backlog, "listen backlog (capped by net.core.somaxconn)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  // Block the stop signals before any thread starts, so that only sigwait() below sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  raise_fd_limit();
+
+  auto& log = ddp::logger("rdzv");
+  try {
+    ddp::rdzv::StoreServer server(opts);
+    server.start();
+    std::cout << "ddprund listening on " << opts.host << ":" << server.port() << std::endl;
+    if (!port_file.empty()) {
+      std::string tmp = port_file + ".tmp";
+      std::ofstream(tmp) << server.port() << "\n";
+      std::rename(tmp.c_str(), port_file.c_str());  // readers never see a half-written file
+    }
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    log.info("received signal {}, shutting down", sig);
+    server.stop();
+    auto st = server.stats();
+    log.info("served {} connections, {} requests, {} refused for protocol errors",
+             st.connections_total, st.requests, st.protocol_errors);
+  } catch (const ddp::Error& e) {
+    log.error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

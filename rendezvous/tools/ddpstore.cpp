@@ -1,0 +1,85 @@
+// ddpstore: a command-line client for ddprund (and torch's TCPStore with --torch):
+//   ddpstore --endpoint HOST:PORT set KEY VALUE | get KEY | add KEY N | wait KEY... |
+//            check KEY... | delete KEY | num-keys | list-keys | ping
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/client.hpp"
+
+int main(int argc, char** argv) {
+  std::string endpoint;
+  bool torch = false;
+  long timeout_ms = 30000;
+  std::vector<std::string> args;
+  CLI::App app{"ddpstore: talk to a ddprund / c10d TCPStore server"};
+  app.add_option("--endpoint", endpoint, "HOST:PORT of the store")->required();
+  app.add_flag("--torch", torch, "plain torch protocol (no ddprun extensions)");
+  app.add_option("--timeout-ms", timeout_ms, "timeout of each operation")->capture_default_str();
+  app.add_option("command", args, "set KEY VALUE | get KEY | add KEY N | wait KEY... | "
+                                  "check KEY... | delete KEY | num-keys | list-keys | ping")
+      ->required();
+  CLI11_PARSE(app, argc, argv);
+
+  auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos) {
+    std::cerr << "ddpstore: --endpoint must be HOST:PORT, got '" << endpoint << "'\n";
+    return 2;
+  }
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  int port = 0;
+  try {
+    port = std::stoi(endpoint.substr(colon + 1));
+  } catch (...) {
+    port = -1;
+  }
+  if (port <= 0 || port > 65535) {
+    std::cerr << "ddpstore: bad port in --endpoint '" << endpoint << "'\n";
+    return 2;
+  }
+  try {
+    ddp::rdzv::ClientOptions o;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    o.connect_timeout = std::chrono::milliseconds(timeout_ms);
+    o.extensions = !torch;
+    ddp::rdzv::StoreClient c(host, static_cast<std::uint16_t>(port), o);
+    const std::string& cmd = args[0];
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    auto need = [&](std::size_t n) {
+      if (rest.size() != n) {
+        throw ddp::ConfigError(cmd + " takes " + std::to_string(n) + " argument(s)");
+      }
+    };
+    if (cmd == "set") {
+      need(2);
+      c.set(rest[0], rest[1]);
+    } else if (cmd == "get") {
+      need(1);
+      std::cout << c.get(rest[0]) << "\n";
+    } else if (cmd == "add") {
+      need(2);
+      std::cout << c.add(rest[0], std::stoll(rest[1])) << "\n";
+    } else if (cmd == "wait") {
+      c.wait(rest);
+    } else if (cmd == "check") {
+      std::cout << (c.check(rest) ? "ready" : "not ready") << "\n";
+    } else if (cmd == "delete") {
+      need(1);
+      std::cout << (c.delete_key(rest[0]) ? "deleted" : "absent") << "\n";
+    } else if (cmd == "num-keys") {
+      std::cout << c.num_keys() << "\n";
+    } else if (cmd == "list-keys") {
+      for (const auto& k : c.list_keys()) std::cout << k << "\n";
+    } else if (cmd == "ping") {
+      std::cout << (c.ping(4242) == 4242 ? "pong" : "bad pong") << "\n";
+    } else {
+      std::cerr << "ddpstore: unknown command '" << cmd << "'\n";
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "ddpstore: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
