@@ -390,12 +390,14 @@ struct MixThread {
     while (alive > 0) {
       std::uint64_t t = now_ns();
       if (t >= shared->window_end) break;
-      int timeout = ready.empty() ? static_cast<int>(std::min<std::uint64_t>(
-                                        (shared->window_end - t) / kMs + 1, 50))
-                                  : 0;
+      int timeout =
+          ready.empty()
+              ? static_cast<int>(std::min<std::uint64_t>((shared->window_end - t) / kMs + 1, 50))
+              : 0;
       int n = ::epoll_wait(epfd, evs.data(), static_cast<int>(evs.size()), timeout);
-      for (int i = 0; i < n; ++i) on_event(evs[static_cast<std::size_t>(i)].data.u32,
-                                           evs[static_cast<std::size_t>(i)].events);
+      for (int i = 0; i < n; ++i)
+        on_event(evs[static_cast<std::size_t>(i)].data.u32,
+                 evs[static_cast<std::size_t>(i)].events);
       resume.swap(ready);
       ready.clear();
       for (std::uint32_t idx : resume) {
@@ -416,7 +418,8 @@ std::array<std::uint64_t, 4> parse_mix(const std::string& spec) {
   std::size_t pos = 0;
   while (pos < spec.size()) {
     std::size_t comma = spec.find(',', pos);
-    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? spec.size() : comma + 1;
     std::size_t eq = item.find('=');
     if (eq == std::string::npos) throw std::runtime_error("bad --mix item: " + item);
@@ -488,8 +491,8 @@ int run_mix(const MixConfig& cfg) {
       "{\"mode\":\"mix\",\"connections\":%d,\"threads\":%d,\"duration_s\":%.3f,\"ops\":%llu,"
       "\"ops_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"errors\":%llu}\n",
       cfg.connections, cfg.threads, cfg.duration_s, static_cast<unsigned long long>(ops),
-      static_cast<double>(ops) / cfg.duration_s, all.percentile_us(0.50),
-      all.percentile_us(0.99), static_cast<unsigned long long>(errors));
+      static_cast<double>(ops) / cfg.duration_s, all.percentile_us(0.50), all.percentile_us(0.99),
+      static_cast<unsigned long long>(errors));
   std::fflush(stdout);
   return errors == 0 ? 0 : 1;
 }
@@ -646,10 +649,12 @@ struct StormThread {
           next = std::min(next, c.retry_at);
         }
       }
-      int timeout = static_cast<int>(std::min<std::uint64_t>((next - std::min(next, t)) / kMs + 1, 20));
+      int timeout =
+          static_cast<int>(std::min<std::uint64_t>((next - std::min(next, t)) / kMs + 1, 20));
       int n = ::epoll_wait(epfd, evs.data(), static_cast<int>(evs.size()), timeout);
-      for (int i = 0; i < n; ++i) on_event(evs[static_cast<std::size_t>(i)].data.u32,
-                                           evs[static_cast<std::size_t>(i)].events);
+      for (int i = 0; i < n; ++i)
+        on_event(evs[static_cast<std::size_t>(i)].data.u32,
+                 evs[static_cast<std::size_t>(i)].events);
     }
   }
 
@@ -730,23 +735,30 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode, "mix | storm")->required()->check(CLI::IsMember({"mix", "storm"}));
   app.add_option("--host", host, "server address")->capture_default_str();
   app.add_option("--port", port, "server port")->required()->check(CLI::Range(1, 65535));
-  app.add_option("--threads", cfg.threads, "client threads")->capture_default_str()
+  app.add_option("--threads", cfg.threads, "client threads")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--connections", cfg.connections, "mix: connections")->capture_default_str()
+  app.add_option("--connections", cfg.connections, "mix: connections")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--duration-s", cfg.duration_s, "mix: measured seconds")->capture_default_str()
+  app.add_option("--duration-s", cfg.duration_s, "mix: measured seconds")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup-s", cfg.warmup_s, "mix: seconds before measuring")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--mix", cfg.mix, "mix: op weights")->capture_default_str();
-  app.add_option("--keys", cfg.keys, "mix: key space")->capture_default_str()
+  app.add_option("--keys", cfg.keys, "mix: key space")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--value-bytes", cfg.value_bytes, "mix: value size")->capture_default_str();
   app.add_option("--seed", cfg.seed, "mix: PRNG seed")->capture_default_str();
-  app.add_option("--clients", clients, "storm: clients")->capture_default_str()
+  app.add_option("--clients", clients, "storm: clients")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--timeout-s", timeout_s, "storm: give up after this long")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGPIPE, SIG_IGN);

@@ -147,29 +147,22 @@ void parse_body(Op op, Cursor& c, Request& r, const Limits& lim) {
     }
     case Op::num_keys:
     case Op::cancel_wait:
-    case Op::list_keys:
-      break;
+    case Op::list_keys: break;
     case Op::ping:
-    case Op::hello:
-      c.read(r.u32);
-      break;
+    case Op::hello: c.read(r.u32); break;
     case Op::lease_grant:
       c.read(r.i64);
       c.read(r.u8);
       if (c.ok() && r.i64 < 0) c.fail("LEASE_GRANT with a negative ttl");
       break;
     case Op::lease_keepalive:
-    case Op::lease_revoke:
-      c.read(r.u64);
-      break;
+    case Op::lease_revoke: c.read(r.u64); break;
     case Op::set_with_lease:
       if (c.bytes(s, lim.max_key_bytes, "key")) r.keys.push_back(s);
       if (c.bytes(s, lim.max_value_bytes, "value")) r.values.push_back(s);
       c.read(r.u64);
       break;
-    case Op::watch_key:
-      c.fail("WATCH_KEY (torch 1.13 watchKey) is not supported");
-      break;
+    case Op::watch_key: c.fail("WATCH_KEY (torch 1.13 watchKey) is not supported"); break;
   }
 }
 

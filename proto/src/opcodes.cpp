@@ -8,9 +8,9 @@ namespace {
 
 // torch <= 2.0 (1.13): SET=0, COMPARE_SET=1, GET=2, ADD=3, CHECK=4, WAIT=5, GETNUMKEYS=6,
 // WATCH_KEY=7, DELETE_KEY=8.
-constexpr std::array<Op, 9> kV113 = {Op::set,   Op::compare_set, Op::get,
-                                     Op::add,   Op::check,       Op::wait,
-                                     Op::num_keys, Op::watch_key, Op::delete_key};
+constexpr std::array<Op, 9> kV113 = {Op::set,      Op::compare_set, Op::get,
+                                     Op::add,      Op::check,       Op::wait,
+                                     Op::num_keys, Op::watch_key,   Op::delete_key};
 
 bool is_extension(std::uint8_t byte) {
   return byte >= static_cast<std::uint8_t>(Op::hello) &&

@@ -379,15 +379,16 @@ void StoreClient::barrier(std::string_view key, std::int64_t world_size,
   std::lock_guard<std::mutex> g(mu_);
   Writer(buf_).op(Dialect::v2, Op::barrier).bytes(key).value(world_size);
   send_request();
-  await_stop(timeout, [&] {
-    return "barrier '" + std::string(key) + "' of " + std::to_string(world_size);
-  });
+  await_stop(timeout,
+             [&] { return "barrier '" + std::string(key) + "' of " + std::to_string(world_size); });
 }
 
 std::uint64_t StoreClient::lease_grant(std::chrono::milliseconds ttl, bool bind_to_connection) {
   std::lock_guard<std::mutex> g(mu_);
-  Writer(buf_).op(Dialect::v2, Op::lease_grant).value<std::int64_t>(ttl.count()).u8(
-      bind_to_connection ? 1 : 0);
+  Writer(buf_)
+      .op(Dialect::v2, Op::lease_grant)
+      .value<std::int64_t>(ttl.count())
+      .u8(bind_to_connection ? 1 : 0);
   send_request();
   expect_reply(deadline());
   return static_cast<std::uint64_t>(read_i64());

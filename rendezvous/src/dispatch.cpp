@@ -18,17 +18,12 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
   auto& t = ctx.table;
   try {
     switch (req.op) {
-      case Op::validate:
-        return Outcome::replied;
+      case Op::validate: return Outcome::replied;
       case Op::hello:
         reply().value<std::uint32_t>(proto::kExtensionVersion);
         return Outcome::replied;
-      case Op::ping:
-        reply().value<std::uint32_t>(req.u32);
-        return Outcome::replied;
-      case Op::set:
-        t.set(req.keys[0], req.values[0], ctx.woken);
-        return Outcome::replied;
+      case Op::ping: reply().value<std::uint32_t>(req.u32); return Outcome::replied;
+      case Op::set: t.set(req.keys[0], req.values[0], ctx.woken); return Outcome::replied;
       case Op::compare_set:
         reply().bytes(t.compare_set(req.keys[0], req.values[0], req.values[1], ctx.woken));
         return Outcome::replied;
@@ -59,9 +54,7 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
       case Op::delete_key:
         reply().value<std::int64_t>(t.erase(req.keys[0]) ? 1 : 0);
         return Outcome::replied;
-      case Op::append:
-        t.append(req.keys[0], req.values[0], ctx.woken);
-        return Outcome::replied;
+      case Op::append: t.append(req.keys[0], req.values[0], ctx.woken); return Outcome::replied;
       case Op::multi_get:
         reply();
         for (auto k : req.keys) {
@@ -114,15 +107,12 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
       case Op::lease_keepalive:
         reply().u8(t.lease_keepalive(req.u64, ctx.now) ? 0 : 1);
         return Outcome::replied;
-      case Op::lease_revoke:
-        reply().u8(t.lease_revoke(req.u64) ? 0 : 1);
-        return Outcome::replied;
+      case Op::lease_revoke: reply().u8(t.lease_revoke(req.u64) ? 0 : 1); return Outcome::replied;
       case Op::set_with_lease:
         reply().u8(t.set_with_lease(req.keys[0], req.values[0], req.u64, ctx.woken) ? 0 : 1);
         return Outcome::replied;
       case Op::cancel_wait:
-      case Op::watch_key:
-        break;
+      case Op::watch_key: break;
     }
   } catch (const ProtocolError& e) {
     ctx.error = e.what();

@@ -61,8 +61,8 @@ struct StoreServer::Impl {
     auto& io = *loops[0];
     boost::system::error_code ec;
     tcp::resolver resolver(io);
-    auto results = resolver.resolve(opts.host, std::to_string(opts.port),
-                                    tcp::resolver::numeric_service, ec);
+    auto results =
+        resolver.resolve(opts.host, std::to_string(opts.port), tcp::resolver::numeric_service, ec);
     if (ec || results.empty()) {
       DDP_THROW(IoError, "cannot resolve listen address '" + opts.host + "': " + ec.message());
     }
@@ -135,7 +135,8 @@ struct StoreServer::Impl {
   }
 };
 
-StoreServer::StoreServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+StoreServer::StoreServer(ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 StoreServer::~StoreServer() { stop(); }
 

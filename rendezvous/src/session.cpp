@@ -21,9 +21,7 @@ namespace {
 constexpr std::size_t kReadChunk = 16 * 1024;
 constexpr std::size_t kMaxPendingOut = 4 * 1024 * 1024;  // stop reading until replies drain
 
-bool needs_table(Op op) {
-  return op != Op::validate && op != Op::ping && op != Op::hello;
-}
+bool needs_table(Op op) { return op != Op::validate && op != Op::ping && op != Op::hello; }
 }  // namespace
 
 Session::Session(asio::ip::tcp::socket socket, SharedState& shared, WaiterId id)
@@ -55,11 +53,9 @@ void Session::read() {
     if (in_.size() - in_end_ < kReadChunk) in_.resize(std::max(in_.size() * 2, 2 * kReadChunk));
   }
   reading_ = true;
-  socket_.async_read_some(
-      asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
-      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-        self->on_read(ec, n);
-      });
+  socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+                          [self = shared_from_this()](const boost::system::error_code& ec,
+                                                      std::size_t n) { self->on_read(ec, n); });
 }
 
 void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
@@ -80,8 +76,8 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
 
 void Session::process() {
   while (!closing_ && !closed_) {
-    auto r = decoder_.decode(std::span<const char>(in_.data() + in_begin_, in_end_ - in_begin_),
-                             req_);
+    auto r =
+        decoder_.decode(std::span<const char>(in_.data() + in_begin_, in_end_ - in_begin_), req_);
     if (r.status == proto::DecodeStatus::need_more) break;
     if (r.status == proto::DecodeStatus::error) {
       fail(r.error);

@@ -16,8 +16,9 @@ int main(int argc, char** argv) {
   app.add_option("--endpoint", endpoint, "HOST:PORT of the store")->required();
   app.add_flag("--torch", torch, "plain torch protocol (no ddprun extensions)");
   app.add_option("--timeout-ms", timeout_ms, "timeout of each operation")->capture_default_str();
-  app.add_option("command", args, "set KEY VALUE | get KEY | add KEY N | wait KEY... | "
-                                  "check KEY... | delete KEY | num-keys | list-keys | ping")
+  app.add_option("command", args,
+                 "set KEY VALUE | get KEY | add KEY N | wait KEY... | "
+                 "check KEY... | delete KEY | num-keys | list-keys | ping")
       ->required();
   CLI11_PARSE(app, argc, argv);
 

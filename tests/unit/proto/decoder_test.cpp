@@ -52,7 +52,8 @@ TEST_CASE("torch 2.15 request captures decode field by field", "[unit][proto]") 
     CHECK(r.values[0] == "v");
   }
   SECTION("compare_set") {
-    auto res = decode_all(d, unhex("0203000000000000002f7a7a010000000000000078010000000000000079"), r);
+    auto res =
+        decode_all(d, unhex("0203000000000000002f7a7a010000000000000078010000000000000079"), r);
     REQUIRE(res.status == DecodeStatus::ok);
     CHECK(r.op == Op::compare_set);
     CHECK(r.keys[0] == "/zz");
@@ -67,9 +68,9 @@ TEST_CASE("torch 2.15 request captures decode field by field", "[unit][proto]") 
     CHECK(r.i64 == 5);
   }
   SECTION("check with two keys") {
-    REQUIRE(decode_all(d, unhex("05020000000000000002000000000000002f6b05000000000000002f6e6f7065"),
-                       r)
-                .status == DecodeStatus::ok);
+    REQUIRE(
+        decode_all(d, unhex("05020000000000000002000000000000002f6b05000000000000002f6e6f7065"), r)
+            .status == DecodeStatus::ok);
     CHECK(r.op == Op::check);
     REQUIRE(r.keys.size() == 2);
     CHECK(r.keys[1] == "/nope");
@@ -138,8 +139,7 @@ TEST_CASE("torch 1.13 clients are recognised by their first bytes", "[unit][prot
   Request r;
   SECTION("SET is opcode 00 without the magic") {
     Decoder d;
-    auto res =
-        decode_all(d, unhex("00 0200000000000000 2f6b 0100000000000000 76"), r);
+    auto res = decode_all(d, unhex("00 0200000000000000 2f6b 0100000000000000 76"), r);
     REQUIRE(res.status == DecodeStatus::ok);
     CHECK(d.dialect() == Dialect::v1_13);
     CHECK(r.op == Op::set);

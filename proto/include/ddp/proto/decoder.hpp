@@ -18,12 +18,13 @@ namespace ddp::proto {
 // until that buffer changes. Reused between calls so the vectors keep their capacity.
 struct Request {
   Op op = Op::validate;
-  std::vector<std::string_view> keys;    // single-key ops use keys[0]
-  std::vector<std::string_view> values;  // SET/APPEND/QUEUE_PUSH: [0]; COMPARE_SET: expected, desired
-  std::int64_t i64 = 0;                  // ADD delta, BARRIER world size, LEASE_GRANT ttl_ms
-  std::uint64_t u64 = 0;                 // lease id
-  std::uint32_t u32 = 0;                 // VALIDATE magic, PING nonce, HELLO version
-  std::uint8_t u8 = 0;                   // LEASE_GRANT bind_to_connection
+  std::vector<std::string_view> keys;  // single-key ops use keys[0]
+  std::vector<std::string_view>
+      values;             // SET/APPEND/QUEUE_PUSH: [0]; COMPARE_SET: expected, desired
+  std::int64_t i64 = 0;   // ADD delta, BARRIER world size, LEASE_GRANT ttl_ms
+  std::uint64_t u64 = 0;  // lease id
+  std::uint32_t u32 = 0;  // VALIDATE magic, PING nonce, HELLO version
+  std::uint8_t u8 = 0;    // LEASE_GRANT bind_to_connection
 
   void clear() {
     keys.clear();

@@ -30,7 +30,7 @@ std::string where(const char* file, int line);
 }  // namespace ddp
 
 #define DDP_THROW(Type, msg) throw Type(std::string(msg) + ::ddp::detail::where(__FILE__, __LINE__))
-#define DDP_CHECK(cond, msg)                                                           \
-  do {                                                                                 \
+#define DDP_CHECK(cond, msg)                                                                      \
+  do {                                                                                            \
     if (!(cond)) throw ::ddp::Error(std::string(msg) + ::ddp::detail::where(__FILE__, __LINE__)); \
   } while (0)

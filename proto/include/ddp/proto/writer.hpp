@@ -18,8 +18,7 @@ class Writer {
   explicit Writer(std::string& out) : out_(out) {}
 
   template <typename T>
-    requires std::is_integral_v<T>
-  Writer& value(T v) {
+  requires std::is_integral_v<T> Writer& value(T v) {
     char raw[sizeof(T)];
     std::memcpy(raw, &v, sizeof(T));
     out_.append(raw, sizeof(T));

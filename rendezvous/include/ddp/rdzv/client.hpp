@@ -67,8 +67,7 @@ class StoreClient {
   std::uint8_t read_u8();
   std::int64_t read_i64();
   std::string read_bytes();
-  void await_stop(std::chrono::milliseconds timeout,
-                  const std::function<std::string()>& describe);
+  void await_stop(std::chrono::milliseconds timeout, const std::function<std::string()>& describe);
   void wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                    std::string_view what);
   std::chrono::steady_clock::time_point deadline() const;

@@ -36,8 +36,8 @@ class KvTable {
   void set(std::string_view key, std::string_view value, Woken& woken);
   // torch's CAS: missing & expected empty -> set, return desired; missing & expected
   // non-empty -> return expected, no set; present -> swap if equal, return the stored value.
-  std::string compare_set(std::string_view key, std::string_view expected,
-                          std::string_view desired, Woken& woken);
+  std::string compare_set(std::string_view key, std::string_view expected, std::string_view desired,
+                          Woken& woken);
   const std::string* get(std::string_view key) const;
   // Values are ASCII decimal; a missing key counts as 0. Throws ddp::ProtocolError if the
   // stored value is not a number or the sum overflows.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what ddprun needs on a fresh Debian 12 machine; safe to run again (it skips what is
+# there). Usage: scripts/setup.sh [--with-torch]
+#   Debian packages: compilers, CMake/Ninja/ccache, Boost, spdlog, nlohmann-json, CLI11,
+#   Catch2 v2, clang (libFuzzer), Debian's python3-torch 1.13 + pytest (interop tests).
+#   --with-torch: also a venv with PyPI's torch 2.x + pytest, cached outside the clone at
+#   $DDP_TORCH_VENV (default ~/.cache/ddprun/torch-venv) so reruns on a machine are fast.
+set -euo pipefail
+
+with_torch=0
+[[ "${1:-}" == "--with-torch" ]] && with_torch=1
+
+packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
+          libboost-filesystem-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
+          clang libclang-rt-14-dev clang-format python3 python3-venv)
+[[ $with_torch == 1 ]] && packages+=(python3-torch python3-pytest)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [[ $(id -u) != 0 ]] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+if [[ $with_torch == 1 ]]; then
+  venv="${DDP_TORCH_VENV:-$HOME/.cache/ddprun/torch-venv}"
+  if ! "$venv/bin/python" -c "import torch, pytest; assert int(torch.__version__.split('.')[0]) >= 2" \
+      2>/dev/null; then
+    echo "setup: creating $venv with torch 2.x from PyPI (a few GB, cached for later runs)"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q "torch>=2.5" numpy pytest
+  fi
+  "$venv/bin/python" -c "import torch; print('setup: torch', torch.__version__, 'in $venv')"
+fi

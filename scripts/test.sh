@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: install (torch 2.x venv included), then
+#   1. build/       warnings as errors; unit, integration, interop (torch 2.x, torch 1.13,
+#                   torchrun) and the GPU suite (skipped without a GPU) under ctest
+#   2. build-asan/  ASan+UBSan build of the CPU tests (unit + integration)
+#   3. build-fuzz/  clang libFuzzer run of the decoder+dispatch for $DDP_FUZZ_SECONDS (60)
+#   4. build-cuda/  DDP_WITH_CUDA=ON: the CUDA code compiles and links (when nvcc exists)
+#   5. clang-format --dry-run over every C++/CUDA file
+# Ends with one line: "tests: N passed, M failed, K skipped".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+scripts/setup.sh --with-torch || exit 1
+venv="${DDP_TORCH_VENV:-$HOME/.cache/ddprun/torch-venv}"
+export PATH="/usr/local/cuda/bin:$PATH"
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+passed=0 failed=0 skipped=0
+note() { printf '\n=== %s ===\n' "$*"; }
+# Runs ctest in dir $1 (extra args after), adding its counts to the totals.
+run_ctest() {
+  local dir=$1; shift
+  local log; log=$(mktemp)
+  (cd "$dir" && ctest --output-on-failure --no-tests=error -j2 "$@") 2>&1 | tee "$log"
+  local total fails skips
+  total=$(sed -nE 's/.*tests failed out of ([0-9]+).*/\1/p' "$log" | tail -1)
+  fails=$(sed -nE 's/.* ([0-9]+) tests failed out of.*/\1/p' "$log" | tail -1)
+  skips=$(grep -cE '\*\*\*Skipped|Not Run' "$log")
+  if [[ -z "$total" ]]; then failed=$((failed + 1)); rm -f "$log"; return; fi
+  passed=$((passed + total - fails - skips)); failed=$((failed + fails)); skipped=$((skipped + skips))
+  rm -f "$log"
+}
+step() {  # step NAME COMMAND...: one pass/fail entry
+  if "${@:2}"; then passed=$((passed + 1)); else echo "FAILED: $1"; failed=$((failed + 1)); fi
+}
+
+note "1. build (warnings as errors) + unit, integration, interop, gpu"
+if cmake -S . -B build -G Ninja -DDDP_WERROR=ON -DDDP_TORCH2_PYTHON="$venv/bin/python" \
+     -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null && ninja -C build; then
+  run_ctest build
+else
+  echo "FAILED: build"; failed=$((failed + 1))
+fi
+
+note "2. ASan+UBSan: unit + integration"
+if cmake -S . -B build-asan -G Ninja -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
+     >/dev/null && ninja -C build-asan ddp_unit_tests ddp_integration_tests; then
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    run_ctest build-asan -R "^(unit|integration): "
+else
+  echo "FAILED: sanitizer build"; failed=$((failed + 1))
+fi
+
+note "3. libFuzzer: decoder + dispatch, ${DDP_FUZZ_SECONDS:-60} s"
+fuzz() {
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DDDP_FUZZ=ON \
+    -DDDP_SANITIZE=address,undefined >/dev/null && ninja -C build-fuzz decoder_fuzz || return 1
+  local corpus; corpus=$(mktemp -d)
+  cp tests/fuzz/corpus/* "$corpus"/
+  build-fuzz/bin/decoder_fuzz -max_total_time="${DDP_FUZZ_SECONDS:-60}" -max_len=4096 \
+    -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+  local rc=${PIPESTATUS[0]}
+  rm -rf "$corpus"
+  return "$rc"
+}
+step "fuzz" fuzz
+
+note "4. CUDA build (compile and link only unless a GPU is present)"
+if command -v nvcc >/dev/null; then
+  cuda() {
+    cmake -S . -B build-cuda -G Ninja -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
+      ninja -C build-cuda ddp_kernels ddp_gpu_tests && run_ctest build-cuda -R "^gpu: "
+  }
+  cuda || { echo "FAILED: cuda build"; failed=$((failed + 1)); }
+else
+  echo "SKIPPED: nvcc not found"; skipped=$((skipped + 1))
+fi
+
+note "5. clang-format"
+fmt() {
+  local bad
+  bad=$(git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror 2>&1 |
+        grep -oE '^[^:]+\.(cpp|hpp|cu|cuh)' | sort -u)
+  [[ -z "$bad" ]] || { echo "not clang-formatted: $bad"; return 1; }
+}
+step "clang-format" fmt
+
+echo
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[[ $failed == 0 ]]
