@@ -146,7 +146,7 @@ int connect_blocking(const Endpoint& ep) {
     int err = errno;
     ::close(fd);
     if (now_ns() > deadline || (err != ECONNREFUSED && err != ECONNRESET && err != EAGAIN &&
-                                err != ETIMEDOUT && err != EINTR)) {
+                                err != ETIMEDOUT && err != EINTR && err != EADDRNOTAVAIL)) {
       throw std::runtime_error(std::string("connect: ") + std::strerror(err));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

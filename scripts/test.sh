@@ -35,7 +35,7 @@ step() {  # step NAME COMMAND...: one pass/fail entry
 }
 
 note "1. build (warnings as errors) + unit, integration, interop, gpu"
-if cmake -S . -B build -G Ninja -DDDP_WERROR=ON -DDDP_TORCH2_PYTHON="$venv/bin/python" \
+if cmake -S . -B build -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_TORCH2_PYTHON="$venv/bin/python" \
      -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null && ninja -C build; then
   run_ctest build
 else
@@ -43,17 +43,17 @@ else
 fi
 
 note "2. ASan+UBSan: unit + integration"
-if cmake -S . -B build-asan -G Ninja -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
+if cmake -S . -B build-asan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
      >/dev/null && ninja -C build-asan ddp_unit_tests ddp_integration_tests; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    run_ctest build-asan -R "^(unit|integration): "
+    run_ctest build-asan -R "^(unit|integration)/"
 else
   echo "FAILED: sanitizer build"; failed=$((failed + 1))
 fi
 
 note "3. libFuzzer: decoder + dispatch, ${DDP_FUZZ_SECONDS:-60} s"
 fuzz() {
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DDDP_FUZZ=ON \
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=ON \
     -DDDP_SANITIZE=address,undefined >/dev/null && ninja -C build-fuzz decoder_fuzz || return 1
   local corpus; corpus=$(mktemp -d)
   cp tests/fuzz/corpus/* "$corpus"/
@@ -68,8 +68,8 @@ step "fuzz" fuzz
 note "4. CUDA build (compile and link only unless a GPU is present)"
 if command -v nvcc >/dev/null; then
   cuda() {
-    cmake -S . -B build-cuda -G Ninja -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
-      ninja -C build-cuda ddp_kernels ddp_gpu_tests && run_ctest build-cuda -R "^gpu: "
+    cmake -S . -B build-cuda -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
+      ninja -C build-cuda ddp_kernels ddp_gpu_tests && run_ctest build-cuda -R "^gpu"
   }
   cuda || { echo "FAILED: cuda build"; failed=$((failed + 1)); }
 else

@@ -47,7 +47,7 @@ TEST_CASE("waits complete only when every key exists", "[unit][rdzv]") {
   CHECK(t.wait(2, keys));  // both present now
 }
 
-TEST_CASE("delete does not wake; cancel drops the registration", "[unit][rdzv]") {
+TEST_CASE("delete does not wake, cancel drops the registration", "[unit][rdzv]") {
   KvTable t;
   Woken w;
   std::vector<string_view> keys{"k"};
