@@ -17,6 +17,11 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+# Everything runs in a network namespace with only loopback: no lookup of torch's can leave
+# the machine, and both servers see the same quiet network.
+if [[ -z "${DDP_IN_LOOPBACK_NS:-}" ]]; then
+  DDP_IN_LOOPBACK_NS=1 exec "$REPO_ROOT/scripts/loopback_only.sh" "$0" "$@"
+fi
 BUILD_DIR=${1:-$REPO_ROOT/build}
 TORCH_PY=${2:-/root/.cache/ddprun/torch-venv/bin/python}
 

@@ -6,6 +6,7 @@
 #   3. build-fuzz/  clang libFuzzer run of the decoder+dispatch for $DDP_FUZZ_SECONDS (60)
 #   4. build-cuda/  DDP_WITH_CUDA=ON: the CUDA code compiles and links (when nvcc exists)
 #   5. clang-format --dry-run over every C++/CUDA file
+# Tests run in a network namespace with only loopback (scripts/loopback_only.sh).
 # Ends with one line: "tests: N passed, M failed, K skipped".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,8 @@ note() { printf '\n=== %s ===\n' "$*"; }
 run_ctest() {
   local dir=$1; shift
   local log; log=$(mktemp)
-  (cd "$dir" && ctest --output-on-failure --no-tests=error -j2 "$@") 2>&1 | tee "$log"
+  (cd "$dir" && "$root/scripts/loopback_only.sh" ctest --output-on-failure --no-tests=error -j2 "$@") \
+    2>&1 | tee "$log"
   local total fails skips
   total=$(sed -nE 's/.*tests failed out of ([0-9]+).*/\1/p' "$log" | tail -1)
   fails=$(sed -nE 's/.* ([0-9]+) tests failed out of.*/\1/p' "$log" | tail -1)

@@ -2,6 +2,9 @@
 // round-robin across them), sweeps expired leases, and tears everything down on stop().
 #include "ddp/rdzv/server.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
 #include <algorithm>
 #include <fstream>
 #include <thread>
@@ -19,9 +22,24 @@ namespace {
 constexpr auto kSweepPeriod = std::chrono::milliseconds(50);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
+// Half the cores, 1 to 4: the store shares its host with an agent and workers, and on small
+// hosts one loop wastes less on cross-core hand-offs than it gains (docs/perf.md).
 unsigned default_threads() {
   unsigned hw = std::thread::hardware_concurrency();
-  return std::clamp(hw, 1u, 4u);
+  return std::clamp(hw / 2, 1u, 4u);
+}
+
+// Options set once on the listener; Linux copies them into every accepted socket. Keep-alive
+// makes a vanished peer (power loss) release its connection-bound leases in about 30 s.
+void set_inherited_options(tcp::acceptor& a) {
+  boost::system::error_code ec;
+  a.set_option(tcp::no_delay(true), ec);
+  a.set_option(asio::socket_base::keep_alive(true), ec);
+  int fd = a.native_handle();
+  int idle = 15, intvl = 5, cnt = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
 void warn_small_backlog(int wanted) {
@@ -71,6 +89,7 @@ struct StoreServer::Impl {
     acceptor->open(ep.protocol(), ec);
     if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec && ep.address().is_v6()) acceptor->set_option(asio::ip::v6_only(false), ec);
+    if (!ec) set_inherited_options(*acceptor);
     if (!ec) acceptor->bind(ep, ec);
     if (!ec) acceptor->listen(opts.backlog, ec);
     if (ec) {

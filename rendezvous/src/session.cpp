@@ -4,9 +4,7 @@
 // deliver_wakes(); CANCEL_WAIT sends any undelivered STOP_WAITING before WAIT_CANCELED.
 #include "session.hpp"
 
-#include <netinet/in.h>
 #include <cstring>
-#include <netinet/tcp.h>
 
 #include "ddp/proto/writer.hpp"
 #include "ddp/rdzv/log.hpp"
@@ -18,42 +16,48 @@ namespace asio = boost::asio;
 using proto::Op;
 
 namespace {
-constexpr std::size_t kReadChunk = 16 * 1024;
+constexpr std::size_t kInitialBuffer = 4 * 1024;  // requests are tiny; grow for big values
+constexpr std::size_t kMinReadSpace = 2 * 1024;
+constexpr std::size_t kShrinkAbove = 64 * 1024;          // give back what one big value needed
 constexpr std::size_t kMaxPendingOut = 4 * 1024 * 1024;  // stop reading until replies drain
 
 bool needs_table(Op op) { return op != Op::validate && op != Op::ping && op != Op::hello; }
+
+bool needs_clock(Op op) { return op == Op::lease_grant || op == Op::lease_keepalive; }
 }  // namespace
 
 Session::Session(asio::ip::tcp::socket socket, SharedState& shared, WaiterId id)
     : socket_(std::move(socket)), shared_(shared), id_(id), decoder_(shared.limits) {}
 
-void Session::start() {
+// TCP_NODELAY and keep-alive come from the listening socket: accepted sockets inherit them.
+void Session::start() { read(); }
+
+std::string Session::peer() {
   boost::system::error_code ec;
-  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
-  // Keep-alive so that a peer which vanished (power loss) releases its connection-bound leases.
-  socket_.set_option(asio::socket_base::keep_alive(true), ec);
-  int fd = socket_.native_handle();
-  int idle = 15, intvl = 5, cnt = 3;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
   auto ep = socket_.remote_endpoint(ec);
-  if (!ec) peer_ = ep.address().to_string() + ":" + std::to_string(ep.port());
-  read();
+  if (ec) return "?";
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
 void Session::read() {
   if (reading_ || closing_ || closed_) return;
-  if (in_.size() - in_end_ < kReadChunk) {
-    if (in_begin_ > 0) {
-      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
-      in_end_ -= in_begin_;
-      in_begin_ = 0;
+  if (in_cap_ - in_end_ < kMinReadSpace) {
+    std::size_t used = in_end_ - in_begin_;
+    std::size_t cap = std::max(in_cap_, kInitialBuffer);
+    while (cap - used < kMinReadSpace || cap < used * 2) cap *= 2;
+    if (cap == in_cap_) {
+      std::memmove(in_.get(), in_.get() + in_begin_, used);
+    } else {
+      std::unique_ptr<char[]> next(new char[cap]);
+      if (used > 0) std::memcpy(next.get(), in_.get() + in_begin_, used);
+      in_ = std::move(next);
+      in_cap_ = cap;
     }
-    if (in_.size() - in_end_ < kReadChunk) in_.resize(std::max(in_.size() * 2, 2 * kReadChunk));
+    in_begin_ = 0;
+    in_end_ = used;
   }
   reading_ = true;
-  socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+  socket_.async_read_some(asio::buffer(in_.get() + in_end_, in_cap_ - in_end_),
                           [self = shared_from_this()](const boost::system::error_code& ec,
                                                       std::size_t n) { self->on_read(ec, n); });
 }
@@ -63,7 +67,7 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
   if (ec) {
     if (ec != asio::error::eof && ec != asio::error::operation_aborted &&
         ec != asio::error::connection_reset) {
-      logger("rdzv").debug("connection {}: read failed: {}", peer_, ec.message());
+      logger("rdzv").debug("connection {}: read failed: {}", peer(), ec.message());
     }
     close();
     return;
@@ -77,7 +81,7 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
 void Session::process() {
   while (!closing_ && !closed_) {
     auto r =
-        decoder_.decode(std::span<const char>(in_.data() + in_begin_, in_end_ - in_begin_), req_);
+        decoder_.decode(std::span<const char>(in_.get() + in_begin_, in_end_ - in_begin_), req_);
     if (r.status == proto::DecodeStatus::need_more) break;
     if (r.status == proto::DecodeStatus::error) {
       fail(r.error);
@@ -88,7 +92,13 @@ void Session::process() {
     in_begin_ += r.consumed;
     if (!go_on) return;
   }
-  if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+  if (in_begin_ == in_end_) {
+    in_begin_ = in_end_ = 0;
+    if (in_cap_ > kShrinkAbove) {
+      in_.reset();
+      in_cap_ = 0;
+    }
+  }
 }
 
 bool Session::handle(const proto::Request& req) {
@@ -104,7 +114,8 @@ bool Session::handle(const proto::Request& req) {
 
   std::size_t mark = out_.size();
   woken_.clear();
-  DispatchContext ctx{shared_.table, id_, shared_.now(), status_prefix_, out_, woken_, {}};
+  Millis now = needs_clock(req.op) ? shared_.now() : Millis(0);
+  DispatchContext ctx{shared_.table, id_, now, status_prefix_, out_, woken_, {}};
   Outcome outcome;
   std::vector<std::shared_ptr<Session>> wake;
   if (needs_table(req.op)) {
@@ -168,7 +179,7 @@ void Session::deliver_wakes() {
 
 void Session::fail(const std::string& why) {
   shared_.protocol_errors.fetch_add(1, std::memory_order_relaxed);
-  logger("rdzv").warn("closing connection from {}: {}", peer_.empty() ? "?" : peer_, why);
+  logger("rdzv").warn("closing connection from {}: {}", peer(), why);
   if (status_prefix_) proto::Writer(out_).u8(proto::kReplyError).bytes(why);
   closing_ = true;
   flush();

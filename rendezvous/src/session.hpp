@@ -57,17 +57,17 @@ class Session : public std::enable_shared_from_this<Session> {
   bool handle(const proto::Request& req);
   void cancel_wait(bool reply);
   void fail(const std::string& why);
+  std::string peer();
   void flush();
   void close();
 
   boost::asio::ip::tcp::socket socket_;
   SharedState& shared_;
   WaiterId id_;
-  std::string peer_;
   proto::Decoder decoder_;
   proto::Request req_;
-  std::vector<char> in_;
-  std::size_t in_begin_ = 0, in_end_ = 0;
+  std::unique_ptr<char[]> in_;  // [in_begin_, in_end_) holds unparsed bytes; not zero-filled
+  std::size_t in_cap_ = 0, in_begin_ = 0, in_end_ = 0;
   std::string out_, writing_;
   Woken woken_;
   std::uint64_t wakes_delivered_ = 0;

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   app.add_option("--port", opts.port, "TCP port; 0 picks a free one and prints it")
       ->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once listening");
-  app.add_option("--threads", opts.threads, "event-loop threads (0: one per core, at most 4)")
+  app.add_option("--threads", opts.threads, "event-loop threads (0: half the cores, 1 to 4)")
       ->capture_default_str();
   app.add_option("--max-connections", opts.max_connections, "connections served at once")
       ->capture_default_str()

@@ -2,6 +2,7 @@
 torch's own libuv server: every assertion holds for both, so any difference is ours.
 Also init_process_group (gloo) and torchrun's c10d rendezvous with ddprund as the store."""
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,9 +27,15 @@ def server(request):
         assert d.stop() == 0, d.output()
         assert "closing connection" not in d.output(), d.output()
     else:
-        master = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
-                               use_libuv=True)
-        yield master.port, "torch"
+        # torch binds [::] by itself; handing it a 127.0.0.1 listener keeps it on loopback
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1024)
+        port = listener.getsockname()[1]
+        master = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False,
+                               use_libuv=True, master_listen_fd=listener.fileno())
+        listener.detach()  # the server owns the descriptor now
+        yield port, "torch"
         del master
 
 
@@ -232,7 +239,8 @@ def test_torchrun_c10d_rendezvous_on_ddprund(tmp_path):
         p = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{d.port}", "--rdzv-id=job42",
-             "--rdzv-conf=is_host=false", "--monitor-interval=0.1", str(script)],
+             "--rdzv-conf=is_host=false", "--local-addr=127.0.0.1", "--monitor-interval=0.1",
+             str(script)],
             capture_output=True, text=True, timeout=180, env=env)
         assert p.returncode == 0, p.stdout + p.stderr
         assert (tmp_path / "rank0").read_text() == "3 2 0"

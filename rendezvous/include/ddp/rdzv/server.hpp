@@ -14,7 +14,7 @@ namespace ddp::rdzv {
 struct ServerOptions {
   std::string host = "127.0.0.1";  // bound as given; "0.0.0.0" or "::" for every interface
   std::uint16_t port = 0;          // 0: the OS picks a free port; read it back with port()
-  unsigned threads = 0;            // event-loop threads; 0: one per core, at most 4
+  unsigned threads = 0;            // event-loop threads; 0: half the cores, 1 to 4
   proto::Limits limits;
   std::size_t max_connections = 65536;
   int backlog = 65535;  // capped by the kernel's net.core.somaxconn
