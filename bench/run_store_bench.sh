@@ -115,6 +115,10 @@ if [[ -z $TORCH_PORT ]]; then
   cat "$TMP/torch.err" >&2
   exit 1
 fi
+# The servers themselves (children of their `timeout` wrappers), for CPU accounting.
+child_of() { ps -o pid= --ppid "$1" | head -n1 | tr -d ' '; }
+DDP_PID=$(child_of "${SERVER_PIDS[0]}")
+TORCH_PID=$(child_of "${SERVER_PIDS[1]}")
 TORCH_VERSION=$(timeout 120 "$TORCH_PY" -c 'import torch; print(torch.__version__)' 2>/dev/null 3>&- ||
   echo unknown)
 echo "ddprund on 127.0.0.1:$DDP_PORT, torch $TORCH_VERSION TCPStore on 127.0.0.1:$TORCH_PORT" >&2
@@ -152,9 +156,10 @@ for c in $CONNS; do
   limit=$(python3 -c "print(int($DURATION_S + $WARMUP_S + 120))")
   for rep in $(seq "$REPS"); do
     for server in ddprund torch; do
-      port=$DDP_PORT
-      [[ $server == torch ]] && port=$TORCH_PORT
+      port=$DDP_PORT pid=$DDP_PID
+      [[ $server == torch ]] && port=$TORCH_PORT pid=$TORCH_PID
       run_one "$server" "$port" "mix-$c" "$rep" "$limit" --mode mix --connections "$c" \
+        --server-pid "${pid:-0}" \
         --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --mix "$MIX" --keys "$KEYS" \
         --value-bytes "$VALUE_BYTES" --seed "$rep"
     done
@@ -205,8 +210,9 @@ lines = [
     f"Store benchmark {stamp}: {env['META_DDP']} vs {env['META_TORCH']}; {env['META_HOST']}.",
     f"{env['META_LOAD'][0].upper()}{env['META_LOAD'][1:]}.",
     "",
-    "| workload | ddprund ops/s | torch ops/s | ratio | ddprund p50/p99 µs | torch p50/p99 µs |",
-    "|---|---:|---:|---:|---:|---:|",
+    "| workload | ddprund ops/s | torch ops/s | ratio | ddprund p50/p99 µs | torch p50/p99 µs "
+    "| CPU µs/op: ddprund / torch / loadgen |",
+    "|---|---:|---:|---:|---:|---:|---:|",
 ]
 notes = []
 for w in workloads:
@@ -224,16 +230,21 @@ for w in workloads:
         secs = lambda v: "n/a" if v is None else f"{v:.3f} s"
         lines.append(f"| {w} | {secs(ds)} | {secs(ts)} | {ratio} | "
                      f"connect retries {total(d, 'connect_retries')} | "
-                     f"connect retries {total(t, 'connect_retries')} |")
+                     f"connect retries {total(t, 'connect_retries')} | |")
     else:
         do, to = med(d, "ops_per_s"), med(t, "ops_per_s")
         ratio = f"{do / to:.2f}x" if do and to else "n/a"
         lines.append(f"| {w} | {fmt(do, ',.0f')} | {fmt(to, ',.0f')} | {ratio} | "
                      f"{fmt(med(d, 'p50_us'), '.1f')} / {fmt(med(d, 'p99_us'), '.1f')} | "
-                     f"{fmt(med(t, 'p50_us'), '.1f')} / {fmt(med(t, 'p99_us'), '.1f')} |")
+                     f"{fmt(med(t, 'p50_us'), '.1f')} / {fmt(med(t, 'p99_us'), '.1f')} | "
+                     f"{fmt(med(d, 'server_cpu_us_per_op'), '.2f')} / "
+                     f"{fmt(med(t, 'server_cpu_us_per_op'), '.2f')} / "
+                     f"{fmt(med(d + t, 'loadgen_cpu_us_per_op'), '.2f')} |")
 lines += ["", "ratio: ddprund ops/s / torch ops/s (mix); storm rows give seconds to pass the barrier"
           " and torch seconds / ddprund seconds.",
-          "SET has no reply: it counts as done once written, as for a torch client."]
+          "SET has no reply: it counts as done once written, as for a torch client.",
+          "CPU µs/op: user+system CPU over the measured window divided by the ops in it, for each"
+          " server and for the load generator (median over both servers' runs)."]
 if notes:
     lines += ["", "Errors, retries and resets (summed over reps):"] + notes
 text = "\n".join(lines) + "\n"

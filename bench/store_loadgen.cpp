@@ -230,7 +230,36 @@ struct MixConfig {
   std::uint64_t keys = 1024;
   std::size_t value_bytes = 64;
   std::uint64_t seed = 1;
+  int server_pid = 0;  // when set, the server's CPU time over the window is reported too
 };
+
+// CPU seconds (user + system) used so far by this process, or by `pid` when it is not 0.
+double cpu_seconds(int pid) {
+  if (pid == 0) {
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  }
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return -1;
+  char buf[1024];
+  std::size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+  unsigned long long utime = 0, stime = 0;
+  if (!p || std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime,
+                        &stime) != 2) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+void sleep_until_ns(std::uint64_t t) {
+  std::uint64_t now = now_ns();
+  if (t > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t - now));
+}
 
 enum class Kind : std::uint8_t { none, set, get, add, wait };
 
@@ -478,6 +507,11 @@ int run_mix(const MixConfig& cfg) {
   s.window_end = s.window_start + static_cast<std::uint64_t>(cfg.duration_s * 1e9);
   std::vector<std::thread> workers;
   for (auto& t : threads) workers.emplace_back([&t] { t.run(); });
+  // CPU used over exactly the measured window, by this load generator and by the server.
+  sleep_until_ns(s.window_start);
+  double self0 = cpu_seconds(0), server0 = cfg.server_pid ? cpu_seconds(cfg.server_pid) : -1;
+  sleep_until_ns(s.window_end);
+  double self1 = cpu_seconds(0), server1 = cfg.server_pid ? cpu_seconds(cfg.server_pid) : -1;
   for (auto& w : workers) w.join();
 
   Histogram all;
@@ -489,10 +523,14 @@ int run_mix(const MixConfig& cfg) {
   }
   std::printf(
       "{\"mode\":\"mix\",\"connections\":%d,\"threads\":%d,\"duration_s\":%.3f,\"ops\":%llu,"
-      "\"ops_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"errors\":%llu}\n",
+      "\"ops_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"errors\":%llu,"
+      "\"loadgen_cpu_us_per_op\":%.2f,\"server_cpu_us_per_op\":%.2f}\n",
       cfg.connections, cfg.threads, cfg.duration_s, static_cast<unsigned long long>(ops),
       static_cast<double>(ops) / cfg.duration_s, all.percentile_us(0.50), all.percentile_us(0.99),
-      static_cast<unsigned long long>(errors));
+      static_cast<unsigned long long>(errors),
+      ops ? (self1 - self0) * 1e6 / static_cast<double>(ops) : 0.0,
+      ops && server0 >= 0 && server1 >= 0 ? (server1 - server0) * 1e6 / static_cast<double>(ops)
+                                          : -1.0);
   std::fflush(stdout);
   return errors == 0 ? 0 : 1;
 }
@@ -753,6 +791,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--value-bytes", cfg.value_bytes, "mix: value size")->capture_default_str();
   app.add_option("--seed", cfg.seed, "mix: PRNG seed")->capture_default_str();
+  app.add_option("--server-pid", cfg.server_pid,
+                 "mix: also report this process's CPU time per op (read from /proc)");
   app.add_option("--clients", clients, "storm: clients")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -3,7 +3,9 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -71,8 +73,14 @@ int main(int argc, char** argv) {
     std::cout << "ddprund listening on " << opts.host << ":" << server.port() << std::endl;
     if (!port_file.empty()) {
       std::string tmp = port_file + ".tmp";
-      std::ofstream(tmp) << server.port() << "\n";
-      std::rename(tmp.c_str(), port_file.c_str());  // readers never see a half-written file
+      std::ofstream out(tmp);
+      out << server.port() << "\n";
+      out.close();
+      // rename: readers never see a half-written file
+      if (!out || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+        log.error("cannot write --port-file {}: {}", port_file, std::strerror(errno));
+        return 1;
+      }
     }
     int sig = 0;
     sigwait(&stop_signals, &sig);

@@ -275,3 +275,26 @@ TEST_CASE("connecting to nothing gives up after connect_timeout", "[integration]
   o.connect_timeout = 200ms;
   CHECK_THROWS_AS(StoreClient("127.0.0.1", port, o), ddp::IoError);
 }
+
+TEST_CASE("accepted sockets carry TCP_NODELAY and keep-alive from the listener", "[integration]") {
+  Fixture f;
+  auto c = f.client();
+  c->set("k", "v");
+  // The server runs in this process: find its side of the connection among our descriptors.
+  int checked = 0;
+  for (int fd = 3; fd < 1024; ++fd) {
+    sockaddr_in local{}, peer{};
+    socklen_t len = sizeof(local), plen = sizeof(peer);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    if (local.sin_family != AF_INET || ntohs(local.sin_port) != f.server.port()) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) continue;
+    int nodelay = 0, keepalive = 0;
+    socklen_t olen = sizeof(int);
+    ::getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, &olen);
+    ::getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &keepalive, &olen);
+    CHECK(nodelay == 1);
+    CHECK(keepalive == 1);
+    ++checked;
+  }
+  CHECK(checked == 1);
+}

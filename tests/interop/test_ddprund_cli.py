@@ -93,3 +93,10 @@ def test_ddpstore_reports_a_missing_server():
                        timeout=30)
     assert p.returncode == 1
     assert f"cannot connect to the store at 127.0.0.1:{port}" in p.stderr
+
+
+def test_unwritable_port_file_is_an_error():
+    p = subprocess.run([os.path.join(BIN, "ddprund"), "--port", "0", "--port-file",
+                        "/nonexistent-dir/port"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert "cannot write --port-file /nonexistent-dir/port" in p.stderr
