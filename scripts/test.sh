@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh machine: install (torch 2.x venv included), then
 #   1. build/       warnings as errors; unit, integration, interop (torch 2.x, torch 1.13,
 #                   torchrun) and the GPU suite (skipped without a GPU) under ctest
-#   2. build-asan/  ASan+UBSan build of the CPU tests (unit + integration)
+#   2. build-asan/  ASan+UBSan build of the CPU tests (unit + integration), and the interop
+#                   suites against the sanitized ddprund
 #   3. build-fuzz/  clang libFuzzer run of the decoder+dispatch for $DDP_FUZZ_SECONDS (60)
 #   4. build-cuda/  DDP_WITH_CUDA=ON: the CUDA code compiles and links (when nvcc exists)
 #   5. clang-format --dry-run over every C++/CUDA file
@@ -44,11 +45,12 @@ else
   echo "FAILED: build"; failed=$((failed + 1))
 fi
 
-note "2. ASan+UBSan: unit + integration"
+note "2. ASan+UBSan: unit + integration, and real torch 2.x clients against a sanitized ddprund"
 if cmake -S . -B build-asan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
-     >/dev/null && ninja -C build-asan ddp_unit_tests ddp_integration_tests; then
+     -DDDP_TORCH2_PYTHON="$venv/bin/python" -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null &&
+   ninja -C build-asan ddp_unit_tests ddp_integration_tests ddprund ddpstore; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    run_ctest build-asan -R "^(unit|integration)/"
+    run_ctest build-asan -R "^(unit|integration)/|^interop: "
 else
   echo "FAILED: sanitizer build"; failed=$((failed + 1))
 fi

@@ -2,6 +2,7 @@
 torch's own libuv server: every assertion holds for both, so any difference is ours.
 Also init_process_group (gloo) and torchrun's c10d rendezvous with ddprund as the store."""
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -250,3 +251,32 @@ def test_torchrun_c10d_rendezvous_on_ddprund(tmp_path):
         assert c.check(["torch.rendezvous.job42"])
     finally:
         assert d.stop() == 0, d.output()
+
+
+def test_hostile_clients_do_not_disturb_a_torch_client():
+    """200 connections of random bytes, truncated frames and oversized lengths, while a real
+    torch client keeps working; ddprund logs each offender and stays up."""
+    d = Daemon()
+    try:
+        c = client(d.port)
+        c.set("steady", "1")
+        rng = random.Random(7)
+        socks = []
+        for i in range(200):
+            s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+            if i % 3 == 0:
+                s.sendall(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300))))
+            elif i % 3 == 1:  # valid start, absurd key length
+                s.sendall(b"\x00\xce\xf7\x85\x3c\x01" + (1 << 40).to_bytes(8, "little"))
+            else:  # half a request, then silence
+                s.sendall(b"\x00\xce\xf7\x85\x3c\x04\x05\x00")
+            socks.append(s)
+            if i % 20 == 0:
+                assert c.add("n", 1) == i // 20 + 1
+        for s in socks:
+            s.close()
+        assert c.get("steady") == b"1"
+        assert c.num_keys() == 2
+    finally:
+        assert d.stop() == 0
+    assert "closing connection" in d.output()
