@@ -103,7 +103,8 @@ TEST_CASE("a timed-out wait leaves the connection usable", "[integration]") {
   auto c = f.client();
   auto other = f.client();
   CHECK_THROWS_AS(c->wait({"late"}, 50ms), ddp::TimeoutError);
-  other->set("late", "now");  // must not leave a stray STOP_WAITING on c's connection
+  other->set("late", "now");           // must not leave a stray STOP_WAITING on c's connection
+  CHECK(other->get("late") == "now");  // SET has no reply: make sure it was served
   CHECK(c->add("n", 2) == 2);
   CHECK(c->num_keys() == 2);
   CHECK(c->get("late") == "now");
@@ -205,7 +206,9 @@ TEST_CASE("torch 1.13 dialect: opcodes, and a timed-out wait does not desync", "
   CHECK(s.recv(1, 100ms).empty());
   s.send(unhex("06"));  // GETNUMKEYS
   CHECK(ddp::test::hex(s.recv(8)) == "0100000000000000");
-  f.client()->set("/late", "x");  // the abandoned wait must not answer now
+  auto setter = f.client();
+  setter->set("/late", "x");  // the abandoned wait must not answer now
+  CHECK(setter->get("/late") == "x");
   s.send(unhex("03 0200000000000000 2f6e 0500000000000000"));  // ADD /n 5
   CHECK(ddp::test::hex(s.recv(8)) == "0500000000000000");
 }

@@ -71,7 +71,9 @@ def test_wait_timeout_then_more_traffic(daemon):
     with pytest.raises(RuntimeError, match="Socket Timeout"):
         c.wait(["late"], timedelta(milliseconds=200))
     assert c.num_keys() == 1
-    client(daemon.port).set("late", "x")
+    other = client(daemon.port)
+    other.set("late", "x")
+    assert other.get("late") == b"x"  # SET has no reply: sync on this connection first
     assert c.num_keys() == 2
     assert c.add("n", 3) == 3
     assert c.get("late") == b"x"

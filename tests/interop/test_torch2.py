@@ -190,7 +190,7 @@ def test_world_size_handshake(server):
     a = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=10))
     b = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=10))
     assert a.num_keys() == 1  # the raw key "init/" (no "/" prefix), holding "2"
-    b.set("x", "y")
+    b.add("x", 1)  # a reply, so the key exists before a asks (SET has none)
     assert a.num_keys() == 2
 
 
