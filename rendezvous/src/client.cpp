@@ -131,13 +131,34 @@ void StoreClient::broken(const std::string& why) {
   DDP_THROW(IoError, "store " + endpoint_ + ": " + why);
 }
 
+// A send failed because the server closed the connection. Requests without a reply (SET,
+// APPEND, ...) never read, so the server's reason may still sit unread in the socket: after
+// HELLO every reply was consumed, so whatever is buffered can only be that error reply.
+void StoreClient::rethrow_refusal() {
+  if (!opts_.extensions || fd_ < 0) return;
+  char buf[4096];
+  ssize_t n = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+  if (n < 9 || static_cast<std::uint8_t>(buf[0]) != proto::kReplyError) return;
+  std::uint64_t len = 0;
+  std::memcpy(&len, buf + 1, sizeof(len));
+  if (len > static_cast<std::uint64_t>(n) - 9) return;
+  std::string msg(buf + 9, static_cast<std::size_t>(len));
+  ::close(fd_);
+  fd_ = -1;
+  DDP_THROW(ProtocolError, "store " + endpoint_ + " refused a request: " + msg);
+}
+
 void StoreClient::send_request() {
   if (fd_ < 0) broken("connection already closed by an earlier error");
   std::size_t off = 0;
   while (off < buf_.size()) {
     ssize_t n = ::send(fd_, buf_.data() + off, buf_.size() - off, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) broken(std::string("send failed: ") + std::strerror(errno));
+    if (n <= 0) {
+      std::string why = std::string("send failed: ") + std::strerror(errno);
+      rethrow_refusal();
+      broken(why);
+    }
     off += static_cast<std::size_t>(n);
   }
   buf_.clear();

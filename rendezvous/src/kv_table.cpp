@@ -21,16 +21,36 @@ void erase_one(std::vector<WaiterId>& list, WaiterId w) {
   list.erase(std::remove(list.begin(), list.end(), w), list.end());
 }
 
+std::int64_t signed_diff(std::size_t now, std::size_t before) {
+  return static_cast<std::int64_t>(now) - static_cast<std::int64_t>(before);
+}
+
 }  // namespace
 
+std::size_t KvTable::entry_bytes(std::string_view key, std::string_view value) {
+  return key.size() + value.size() + kEntryOverhead;
+}
+
+void KvTable::charge(std::int64_t delta, std::string_view key) {
+  if (delta > 0 && max_bytes_ != 0 && bytes_ + static_cast<std::size_t>(delta) > max_bytes_) {
+    DDP_THROW(ProtocolError, "the store is full: writing key '" + std::string(key) + "' needs " +
+                                 std::to_string(delta) + " more bytes, " + std::to_string(bytes_) +
+                                 " of " + std::to_string(max_bytes_) +
+                                 " are in use (ddprund --max-store-bytes)");
+  }
+  bytes_ = static_cast<std::size_t>(static_cast<std::int64_t>(bytes_) + delta);
+}
+
 void KvTable::set(std::string_view key, std::string_view value, Woken& woken) {
-  detach_lease(key);
   auto it = kv_.find(key);
   if (it == kv_.end()) {
+    charge(entry_bytes(key, value), key);
     kv_.emplace(std::string(key), std::string(value));
   } else {
+    charge(signed_diff(value.size(), it->second.size()), key);
     it->second.assign(value);
   }
+  detach_lease(key);
   changed(key, woken);
 }
 
@@ -39,11 +59,13 @@ std::string KvTable::compare_set(std::string_view key, std::string_view expected
   auto it = kv_.find(key);
   if (it == kv_.end()) {
     if (!expected.empty()) return std::string(expected);
+    charge(entry_bytes(key, desired), key);
     kv_.emplace(std::string(key), std::string(desired));
     changed(key, woken);
     return std::string(desired);
   }
   if (it->second == expected) {
+    charge(signed_diff(desired.size(), it->second.size()), key);
     it->second.assign(desired);
     std::string out = it->second;
     changed(key, woken);
@@ -71,10 +93,13 @@ std::int64_t KvTable::add(std::string_view key, std::int64_t delta, Woken& woken
   if (__builtin_add_overflow(current, delta, &next)) {
     DDP_THROW(ProtocolError, "ADD on key '" + std::string(key) + "' overflows int64");
   }
+  std::string text = std::to_string(next);
   if (it == kv_.end()) {
-    kv_.emplace(std::string(key), std::to_string(next));
+    charge(entry_bytes(key, text), key);
+    kv_.emplace(std::string(key), std::move(text));
   } else {
-    it->second = std::to_string(next);
+    charge(signed_diff(text.size(), it->second.size()), key);
+    it->second = std::move(text);
   }
   changed(key, woken);
   return next;
@@ -83,8 +108,10 @@ std::int64_t KvTable::add(std::string_view key, std::int64_t delta, Woken& woken
 void KvTable::append(std::string_view key, std::string_view data, Woken& woken) {
   auto it = kv_.find(key);
   if (it == kv_.end()) {
+    charge(entry_bytes(key, data), key);
     kv_.emplace(std::string(key), std::string(data));
   } else {
+    charge(static_cast<std::int64_t>(data.size()), key);
     it->second.append(data);
   }
   changed(key, woken);
@@ -94,6 +121,7 @@ bool KvTable::erase(std::string_view key) {
   auto it = kv_.find(key);
   if (it == kv_.end()) return false;
   detach_lease(key);
+  bytes_ -= entry_bytes(it->first, it->second);
   kv_.erase(it);
   return true;
 }
@@ -112,6 +140,7 @@ bool KvTable::exists(std::string_view key) const {
 }
 
 void KvTable::queue_push(std::string_view key, std::string_view value, Woken& woken) {
+  charge(entry_bytes(key, value), key);
   auto it = queues_.find(key);
   if (it == queues_.end()) it = queues_.emplace(std::string(key), std::deque<std::string>{}).first;
   it->second.emplace_back(value);
@@ -134,6 +163,7 @@ std::int64_t KvTable::queue_pop(std::string_view key, std::string& out) {
   auto len = static_cast<std::int64_t>(it->second.size());
   out = std::move(it->second.front());
   it->second.pop_front();
+  bytes_ -= entry_bytes(key, out);
   if (it->second.empty()) queues_.erase(it);
   return len;
 }
@@ -296,7 +326,10 @@ void KvTable::detach_lease(std::string_view key) {
 void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it) {
   for (const auto& k : it->second.keys) {
     key_lease_.erase(k);
-    kv_.erase(k);
+    if (auto kv = kv_.find(k); kv != kv_.end()) {
+      bytes_ -= entry_bytes(kv->first, kv->second);
+      kv_.erase(kv);
+    }
   }
   leases_.erase(it);
 }

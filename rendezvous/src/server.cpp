@@ -68,7 +68,10 @@ struct StoreServer::Impl {
   std::uint16_t port = 0;
   bool started = false, stopped = false;
 
-  explicit Impl(ServerOptions o) : opts(std::move(o)) { shared.limits = opts.limits; }
+  explicit Impl(ServerOptions o) : opts(std::move(o)) {
+    shared.limits = opts.limits;
+    shared.table.set_max_bytes(opts.max_store_bytes);
+  }
 
   void bind() {
     unsigned n = opts.threads ? opts.threads : default_threads();

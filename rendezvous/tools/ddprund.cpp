@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections", opts.max_connections, "connections served at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-store-bytes", opts.max_store_bytes,
+                 "total bytes of keys, values and queues (each +64); 0: no limit")
+      ->capture_default_str();
   app.add_option("--max-key-bytes", opts.limits.max_key_bytes, "largest key")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -301,3 +301,23 @@ TEST_CASE("accepted sockets carry TCP_NODELAY and keep-alive from the listener",
   }
   CHECK(checked == 1);
 }
+
+TEST_CASE("a full store refuses the writer with the reason and keeps serving", "[integration]") {
+  ServerOptions o;
+  o.max_store_bytes = 4096;
+  Fixture f(o);
+  auto reader = f.client();
+  reader->set("keep", "me");
+  auto hog = f.client();
+  try {
+    for (int i = 0; i < 100; ++i) hog->set("hog/" + std::to_string(i), std::string(512, 'h'));
+    hog->num_keys();
+    FAIL("the store should have refused a write");
+  } catch (const ddp::ProtocolError& e) {
+    CHECK(std::string(e.what()).find("the store is full") != std::string::npos);
+  }
+  CHECK(reader->get("keep") == "me");
+  CHECK(reader->delete_key("hog/0"));
+  reader->set("small", "ok");  // room again after a delete
+  CHECK(reader->get("small") == "ok");
+}

@@ -154,3 +154,29 @@ TEST_CASE("releasing a connection revokes its bound leases and waits", "[unit][r
   CHECK_FALSE(t.is_waiting(42));
   CHECK(t.num_leases() == 1);
 }
+
+TEST_CASE("the byte cap refuses a write whole and frees what deletes give back", "[unit][rdzv]") {
+  KvTable t;
+  Woken w;
+  const auto entry = [](std::size_t k, std::size_t v) { return k + v + KvTable::kEntryOverhead; };
+  t.set_max_bytes(2 * entry(1, 100));
+  t.set("a", std::string(100, 'x'), w);
+  t.append("b", std::string(100, 'y'), w);
+  CHECK(t.bytes() == 2 * entry(1, 100));
+  CHECK_THROWS_WITH(t.set("c", "1", w), Catch::Contains("the store is full"));
+  CHECK(t.get("c") == nullptr);
+  CHECK_THROWS_AS(t.append("a", "more", w), ddp::ProtocolError);
+  CHECK(t.get("a")->size() == 100);
+  CHECK_THROWS_AS(t.queue_push("q", "v", w), ddp::ProtocolError);
+  t.set("a", "short", w);  // shrinking is always allowed
+  CHECK(t.bytes() == entry(1, 5) + entry(1, 100));
+  CHECK(t.erase("b"));
+  t.queue_push("q", std::string(50, 'q'), w);
+  std::string out;
+  CHECK(t.queue_pop("q", out) == 1);
+  auto lease = t.lease_grant(Millis(10), 0, Millis(0));
+  REQUIRE(t.set_with_lease("l", "v", lease, w));
+  t.expire(Millis(10));
+  CHECK(t.erase("a"));
+  CHECK(t.bytes() == 0);
+}

@@ -61,6 +61,7 @@ class StoreClient {
  private:
   void connect();
   void send_request();
+  void rethrow_refusal();
   void read_exact(void* dst, std::size_t n, std::chrono::steady_clock::time_point deadline);
   bool wait_readable(std::chrono::steady_clock::time_point deadline);
   void expect_reply(std::chrono::steady_clock::time_point deadline);

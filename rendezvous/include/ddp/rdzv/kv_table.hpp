@@ -32,6 +32,14 @@ using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>
 
 class KvTable {
  public:
+  // Every stored key, value and queued item is counted as its bytes plus this overhead.
+  static constexpr std::size_t kEntryOverhead = 64;
+
+  // 0: no limit. Otherwise a write that would take the total past it throws ProtocolError,
+  // and the table is left as it was.
+  void set_max_bytes(std::size_t max) { max_bytes_ = max; }
+  std::size_t bytes() const { return bytes_; }
+
   // --- keys --------------------------------------------------------------------------------
   void set(std::string_view key, std::string_view value, Woken& woken);
   // torch's CAS: missing & expected empty -> set, return desired; missing & expected
@@ -91,6 +99,8 @@ class KvTable {
     std::unordered_set<std::string> keys;
   };
 
+  static std::size_t entry_bytes(std::string_view key, std::string_view value);
+  void charge(std::int64_t delta, std::string_view key);  // throws when over max_bytes_
   void changed(std::string_view key, Woken& woken);
   void detach_lease(std::string_view key);
   void drop_lease(std::unordered_map<LeaseId, Lease>::iterator it);
@@ -103,6 +113,8 @@ class KvTable {
   std::unordered_map<LeaseId, Lease> leases_;
   StringMap<LeaseId> key_lease_;
   LeaseId next_lease_ = 1;
+  std::size_t bytes_ = 0;
+  std::size_t max_bytes_ = 0;
 };
 
 }  // namespace ddp::rdzv

@@ -17,6 +17,9 @@ struct ServerOptions {
   unsigned threads = 0;            // event-loop threads; 0: half the cores, 1 to 4
   proto::Limits limits;
   std::size_t max_connections = 65536;
+  // Keys, values and queued items together, each counted with 64 bytes of overhead. A write
+  // past it closes that client's connection with the reason; 0 disables the cap.
+  std::size_t max_store_bytes = std::size_t{1} << 30;
   int backlog = 65535;  // capped by the kernel's net.core.somaxconn
 };
 
