@@ -4,6 +4,7 @@
 #                   torchrun) and the GPU suite (skipped without a GPU) under ctest
 #   2. build-asan/  ASan+UBSan build of the CPU tests (unit + integration), and the interop
 #                   suites against the sanitized ddprund
+#   2b. build-tsan/ ThreadSanitizer build of unit + integration
 #   3. build-fuzz/  clang libFuzzer run of the decoder+dispatch for $DDP_FUZZ_SECONDS (60)
 #   4. build-cuda/  DDP_WITH_CUDA=ON: the CUDA code compiles and links (when nvcc exists)
 #   5. clang-format --dry-run over every C++/CUDA file
@@ -53,6 +54,14 @@ if cmake -S . -B build-asan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_
     run_ctest build-asan -R "^(unit|integration)/|^interop: "
 else
   echo "FAILED: sanitizer build"; failed=$((failed + 1))
+fi
+
+note "2b. TSan: unit + integration (the integration server runs three event loops)"
+if cmake -S . -B build-tsan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=thread \
+     >/dev/null && ninja -C build-tsan ddp_unit_tests ddp_integration_tests; then
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest build-tsan -R "^(unit|integration)/"
+else
+  echo "FAILED: tsan build"; failed=$((failed + 1))
 fi
 
 note "3. libFuzzer: decoder + dispatch, ${DDP_FUZZ_SECONDS:-60} s"

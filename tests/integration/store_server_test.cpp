@@ -17,9 +17,16 @@ using ddp::test::unhex;
 
 namespace {
 
+// Three event loops unless a test says otherwise: connections land on different loops, so
+// wake-ups, barriers and cancels cross threads in every test (the TSan run relies on it).
+ServerOptions multi_loop(ServerOptions o) {
+  if (o.threads == 0) o.threads = 3;
+  return o;
+}
+
 struct Fixture {
   StoreServer server;
-  explicit Fixture(ServerOptions o = {}) : server(std::move(o)) { server.start(); }
+  explicit Fixture(ServerOptions o = {}) : server(multi_loop(std::move(o))) { server.start(); }
   std::unique_ptr<StoreClient> client(ClientOptions o = {}) {
     o.connect_timeout = 5s;
     if (o.timeout == 30000ms) o.timeout = 5s;
@@ -320,4 +327,52 @@ TEST_CASE("a full store refuses the writer with the reason and keeps serving", "
   CHECK(reader->delete_key("hog/0"));
   reader->set("small", "ok");  // room again after a delete
   CHECK(reader->get("small") == "ok");
+}
+
+TEST_CASE("one set wakes waiters spread over every loop; barriers span loops", "[integration]") {
+  Fixture f;
+  constexpr int kWaiters = 12;
+  std::vector<std::thread> ts;
+  std::atomic<int> woke{0}, through{0};
+  for (int i = 0; i < kWaiters; ++i) {
+    ts.emplace_back([&] {
+      auto c = f.client();
+      c->wait({"start"}, 20s);
+      ++woke;
+      c->barrier("finish", kWaiters, 20s);
+      ++through;
+    });
+  }
+  auto starter = f.client();
+  starter->set("start", "go");
+  for (auto& t : ts) t.join();
+  CHECK(woke == kWaiters);
+  CHECK(through == kWaiters);
+  CHECK(starter->get("finish") == std::to_string(kWaiters));
+}
+
+TEST_CASE("waits cancelled while the key arrives from another loop stay in sync", "[integration]") {
+  Fixture f;
+  auto setter = f.client();
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&, t] {
+      auto c = f.client();
+      for (int i = 0; i < 50; ++i) {
+        std::string key = "race/" + std::to_string(t) + "/" + std::to_string(i);
+        try {
+          c->wait({key}, 1ms);  // usually times out just as the setter writes the key
+        } catch (const ddp::TimeoutError&) {
+        }
+        if (c->add("count/" + std::to_string(t), 1) == i + 1) ++ok;  // stream still in step
+      }
+    });
+  }
+  for (int i = 0; i < 50; ++i) {
+    for (int t = 0; t < 4; ++t)
+      setter->set("race/" + std::to_string(t) + "/" + std::to_string(i), "x");
+  }
+  for (auto& t : ts) t.join();
+  CHECK(ok == 4 * 50);
 }
