@@ -31,6 +31,7 @@
 
 #include "ddp/proto/opcodes.hpp"
 #include "ddp/proto/writer.hpp"
+#include "ddp/rdzv/fd_limit.hpp"
 
 namespace {
 
@@ -754,14 +755,6 @@ int run_storm(const Endpoint& ep, int clients, int threads, double timeout_s) {
   return complete && errors == 0 ? 0 : 1;
 }
 
-void raise_fd_limit() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -802,7 +795,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGPIPE, SIG_IGN);
-  raise_fd_limit();
+  ddp::rdzv::raise_fd_limit();
   try {
     cfg.ep = resolve(host, port);
     if (mode == "mix") return run_mix(cfg);

@@ -1,7 +1,5 @@
 // ddprund: the standalone rendezvous store daemon. Serves the c10d TCPStore protocol (torch
 // 2.x and 1.13 clients) plus ddprun's lease extensions until SIGTERM or SIGINT.
-#include <sys/resource.h>
-
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <csignal>
@@ -11,21 +9,9 @@
 #include <iostream>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/rdzv/fd_limit.hpp"
 #include "ddp/rdzv/log.hpp"
 #include "ddp/rdzv/server.hpp"
-
-namespace {
-
-// Connection storms need one descriptor per client: lift the soft limit to the hard one.
-void raise_fd_limit() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-  }
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   ddp::rdzv::ServerOptions opts;
@@ -67,7 +53,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  raise_fd_limit();
+  ddp::rdzv::raise_fd_limit();
 
   auto& log = ddp::logger("rdzv");
   try {
