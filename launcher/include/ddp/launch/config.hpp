@@ -1,0 +1,77 @@
+// LaunchConfig: everything ddprun is told by its command line and PET_* environment, parsed
+// and validated with torchrun 2.x's flags, spellings and defaults (torch-compat.md §1).
+// parse_launch_args() has no side effects, so every flag is unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launch {
+
+// torchrun's Std: which of a worker's streams go to files (redirect) or files + console (tee).
+enum class Std : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
+
+// "0".."3" for every local rank, or "0:1,1:2" per local rank.
+struct StdSpec {
+  std::optional<Std> all_ranks;
+  std::map<int, Std> per_rank;
+  Std for_rank(int local_rank) const;
+};
+
+struct Endpoint {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+struct LaunchConfig {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::string nproc_per_node = "1";  // an integer, or cpu | gpu | auto (resolved at launch)
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;  // as given; see endpoint()
+  std::string rdzv_id = "none";
+  std::map<std::string, std::string> rdzv_conf;
+  bool standalone = false;
+  int max_restarts = 0;
+  double monitor_interval_s = 0.1;
+  std::string start_method = "spawn";
+  std::string role = "default";
+  bool module = false;
+  bool no_python = false;
+  bool run_path = false;
+  std::string log_dir;
+  StdSpec redirects;
+  StdSpec tee;
+  std::vector<int> local_ranks_filter;  // empty: every rank's console output
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  std::uint16_t master_port = 29500;
+  std::string local_addr;
+  std::vector<int> signals_to_handle;  // signal numbers
+  std::string entrypoint;
+  std::vector<std::string> args;
+
+  // The rendezvous endpoint with torchrun's defaults filled in: port 29400 for c10d; for static
+  // with no endpoint, --master-addr:--master-port.
+  Endpoint endpoint() const;
+};
+
+// The outcome of parsing: a config, or a message for the user and the exit code to use
+// (0 after --help, 2 for bad input).
+struct ParseResult {
+  std::optional<LaunchConfig> config;
+  std::string message;
+  int exit_code = 0;
+};
+
+// argv as main() gets it; env as NAME -> value (PET_* supply defaults, the command line wins).
+ParseResult parse_launch_args(const std::vector<std::string>& argv,
+                              const std::map<std::string, std::string>& env);
+
+// "host", "host:port", "[v6]:port", "v6" -> Endpoint; throws ddp::ConfigError naming the text.
+Endpoint parse_endpoint(const std::string& text, std::uint16_t default_port);
+
+}  // namespace ddp::launch

@@ -1,0 +1,354 @@
+// torchrun 2.x's command line for ddprun: both spellings of every multi-word flag, torchrun's
+// defaults, PET_<DEST> environment defaults (the command line wins), and validation with
+// messages that name the flag. The only file of the launcher that uses the option parser.
+#include <csignal>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "ddp/launch/config.hpp"
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+namespace {
+
+// One torchrun option: its dest (for PET_<DEST>), its CLI11 names, and whether it is a flag.
+struct Spec {
+  const char* dest;
+  const char* names;
+  bool flag;
+};
+
+constexpr Spec kSpecs[] = {
+    {"nnodes", "--nnodes", false},
+    {"nproc_per_node", "--nproc-per-node,--nproc_per_node", false},
+    {"rdzv_backend", "--rdzv-backend,--rdzv_backend", false},
+    {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", false},
+    {"rdzv_id", "--rdzv-id,--rdzv_id", false},
+    {"rdzv_conf", "--rdzv-conf,--rdzv_conf", false},
+    {"standalone", "--standalone", true},
+    {"max_restarts", "--max-restarts,--max_restarts", false},
+    {"monitor_interval", "--monitor-interval,--monitor_interval", false},
+    {"start_method", "--start-method,--start_method", false},
+    {"role", "--role", false},
+    {"module", "-m,--module", true},
+    {"no_python", "--no-python,--no_python", true},
+    {"run_path", "--run-path,--run_path", true},
+    {"log_dir", "--log-dir,--log_dir", false},
+    {"redirects", "-r,--redirects", false},
+    {"tee", "-t,--tee", false},
+    {"local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", false},
+    {"node_rank", "--node-rank,--node_rank", false},
+    {"master_addr", "--master-addr,--master_addr", false},
+    {"master_port", "--master-port,--master_port", false},
+    {"local_addr", "--local-addr,--local_addr", false},
+    {"signals_to_handle", "--signals-to-handle,--signals_to_handle", false},
+    {"event_log_handler", "--event-log-handler,--event_log_handler", false},
+    {"logs_specs", "--logs-specs,--logs_specs", false},
+    {"numa_binding", "--numa-binding,--numa_binding", false},
+};
+
+std::string upper(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string long_name(const Spec& s) {
+  std::string names = s.names;
+  auto pos = names.find("--");
+  auto end = names.find(',', pos);
+  return names.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, sep)) out.push_back(item);
+  return out;
+}
+
+int to_int(const std::string& text, const std::string& flag) {
+  std::size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) {
+    throw ConfigError(flag + ": '" + text + "' is not an integer");
+  }
+  return v;
+}
+
+Std to_std(const std::string& text, const std::string& flag) {
+  int v = to_int(text, flag);
+  if (v < 0 || v > 3) {
+    throw ConfigError(flag + ": " + text + " is not 0 (none), 1 (out), 2 (err) or 3 (all)");
+  }
+  return static_cast<Std>(v);
+}
+
+StdSpec parse_std(const std::string& text, const std::string& flag) {
+  StdSpec spec;
+  if (text.find(':') == std::string::npos) {
+    spec.all_ranks = to_std(text, flag);
+    return spec;
+  }
+  for (const auto& item : split(text, ',')) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      throw ConfigError(flag + ": '" + item + "' is not LOCAL_RANK:VALUE");
+    }
+    spec.per_rank[to_int(item.substr(0, colon), flag)] = to_std(item.substr(colon + 1), flag);
+  }
+  return spec;
+}
+
+int signal_number(const std::string& name) {
+  static const std::map<std::string, int> kSignals = {
+      {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT}, {"SIGTERM", SIGTERM},
+      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGCONT", SIGCONT},
+      {"SIGTSTP", SIGTSTP}, {"SIGXCPU", SIGXCPU}, {"SIGPWR", SIGPWR},   {"SIGWINCH", SIGWINCH},
+  };
+  auto it = kSignals.find(name);
+  if (it == kSignals.end()) {
+    throw ConfigError("--signals-to-handle: unknown or unforwardable signal '" + name + "'");
+  }
+  return it->second;
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::mt19937_64 rng((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
+  static const char* hex = "0123456789abcdef";
+  std::string id;
+  for (int i = 0; i < 32; ++i) {
+    if (i == 8 || i == 12 || i == 16 || i == 20) id.push_back('-');
+    id.push_back(hex[rng() & 15]);
+  }
+  return id;
+}
+
+void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>& raw) {
+  auto nn = split(raw.at("nnodes"), ':');
+  if (nn.empty() || nn.size() > 2) {
+    throw ConfigError("--nnodes: '" + raw.at("nnodes") + "' is not N or MIN:MAX");
+  }
+  c.min_nodes = to_int(nn[0], "--nnodes");
+  c.max_nodes = nn.size() == 2 ? to_int(nn[1], "--nnodes") : c.min_nodes;
+  if (c.min_nodes <= 0 || c.max_nodes < c.min_nodes) {
+    throw ConfigError("--nnodes: need 0 < MIN <= MAX, got '" + raw.at("nnodes") + "'");
+  }
+  const std::string& np = c.nproc_per_node;
+  if (np != "cpu" && np != "gpu" && np != "auto" && to_int(np, "--nproc-per-node") <= 0) {
+    throw ConfigError("--nproc-per-node: need a positive integer, cpu, gpu or auto, got '" + np +
+                      "'");
+  }
+  if (c.rdzv_backend != "static" && c.rdzv_backend != "c10d") {
+    throw ConfigError("--rdzv-backend: '" + c.rdzv_backend +
+                      "' is not supported (static or c10d; etcd is not built in)");
+  }
+  if (c.max_restarts < 0) throw ConfigError("--max-restarts: must be >= 0");
+  if (!(c.monitor_interval_s > 0)) throw ConfigError("--monitor-interval: must be > 0");
+  if (c.start_method != "spawn" && c.start_method != "fork" && c.start_method != "forkserver") {
+    throw ConfigError("--start-method: '" + c.start_method + "' is not spawn, fork or forkserver");
+  }
+  if (c.module && c.no_python) {
+    throw ConfigError(
+        "don't use both the '--no-python' flag and the '--module' flag at the same time");
+  }
+  if (c.node_rank < 0) throw ConfigError("--node-rank: must be >= 0");
+  for (const auto& kv : split(raw.at("rdzv_conf"), ',')) {
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("--rdzv-conf: '" + kv + "' is not KEY=VALUE");
+    }
+    c.rdzv_conf[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  c.redirects = parse_std(raw.at("redirects"), "--redirects");
+  c.tee = parse_std(raw.at("tee"), "--tee");
+  for (const auto& r : split(raw.at("local_ranks_filter"), ',')) {
+    if (!r.empty()) c.local_ranks_filter.push_back(to_int(r, "--local-ranks-filter"));
+  }
+  for (const auto& s : split(raw.at("signals_to_handle"), ',')) {
+    std::string name = s;
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (!name.empty()) c.signals_to_handle.push_back(signal_number(name));
+  }
+  if (c.standalone) {  // torchrun: c10d on a free local port with a fresh run id
+    c.rdzv_backend = "c10d";
+    c.rdzv_endpoint = "localhost:0";
+    c.rdzv_id = random_run_id();
+  }
+  if (c.entrypoint.empty()) {
+    throw ConfigError("the following arguments are required: training_script");
+  }
+  (void)c.endpoint();  // reject a malformed endpoint now, not at rendezvous time
+}
+
+}  // namespace
+
+Std StdSpec::for_rank(int local_rank) const {
+  if (all_ranks) return *all_ranks;
+  auto it = per_rank.find(local_rank);
+  return it == per_rank.end() ? Std::none : it->second;
+}
+
+Endpoint parse_endpoint(const std::string& text, std::uint16_t default_port) {
+  Endpoint ep;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos) throw ConfigError("endpoint '" + text + "': missing ']'");
+    ep.host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':')
+        throw ConfigError("endpoint '" + text + "': expected ':' after ']'");
+      port = text.substr(close + 2);
+    }
+  } else if (std::count(text.begin(), text.end(), ':') == 1) {
+    auto colon = text.find(':');
+    ep.host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  } else {
+    ep.host = text;  // a bare host, or a bare IPv6 address
+  }
+  if (ep.host.empty()) throw ConfigError("endpoint '" + text + "': no host");
+  ep.port = default_port;
+  if (!port.empty()) {
+    int p = to_int(port, "endpoint '" + text + "'");
+    if (p < 0 || p > 65535) throw ConfigError("endpoint '" + text + "': port out of range");
+    ep.port = static_cast<std::uint16_t>(p);
+  }
+  return ep;
+}
+
+Endpoint LaunchConfig::endpoint() const {
+  if (rdzv_endpoint.empty()) {
+    if (rdzv_backend == "static") return {master_addr, master_port};
+    throw ConfigError("--rdzv-endpoint is required for --rdzv-backend=" + rdzv_backend +
+                      " (or use --standalone)");
+  }
+  return parse_endpoint(rdzv_endpoint, rdzv_backend == "c10d" ? 29400 : master_port);
+}
+
+ParseResult parse_launch_args(const std::vector<std::string>& argv,
+                              const std::map<std::string, std::string>& env) {
+  LaunchConfig c;
+  std::map<std::string, std::string> raw = {{"nnodes", "1:1"},
+                                            {"rdzv_conf", ""},
+                                            {"redirects", "0"},
+                                            {"tee", "0"},
+                                            {"local_ranks_filter", ""},
+                                            {"signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
+                                            {"event_log_handler", "null"},
+                                            {"logs_specs", ""},
+                                            {"numa_binding", ""}};
+  CLI::App app{"ddprun: a torchrun-compatible launcher", "ddprun"};
+  app.prefix_command();  // the first positional is the entrypoint; the rest are its arguments
+  app.allow_extras(false);
+  std::map<std::string, CLI::Option*> opts;
+  auto value = [&](const Spec& s, auto& target) {
+    opts[s.dest] = app.add_option(s.names, target)
+                       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+                       ->capture_default_str();
+  };
+  auto text = [&](const Spec& s) {
+    opts[s.dest] = app.add_option(s.names, raw[s.dest])
+                       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+                       ->capture_default_str();
+  };
+  auto flag = [&](const Spec& s, bool& target) { opts[s.dest] = app.add_flag(s.names, target); };
+  for (const auto& s : kSpecs) {
+    std::string d = s.dest;
+    if (d == "nproc_per_node")
+      value(s, c.nproc_per_node);
+    else if (d == "rdzv_backend")
+      value(s, c.rdzv_backend);
+    else if (d == "rdzv_endpoint")
+      value(s, c.rdzv_endpoint);
+    else if (d == "rdzv_id")
+      value(s, c.rdzv_id);
+    else if (d == "standalone")
+      flag(s, c.standalone);
+    else if (d == "max_restarts")
+      value(s, c.max_restarts);
+    else if (d == "monitor_interval")
+      value(s, c.monitor_interval_s);
+    else if (d == "start_method")
+      value(s, c.start_method);
+    else if (d == "role")
+      value(s, c.role);
+    else if (d == "module")
+      flag(s, c.module);
+    else if (d == "no_python")
+      flag(s, c.no_python);
+    else if (d == "run_path")
+      flag(s, c.run_path);
+    else if (d == "log_dir")
+      value(s, c.log_dir);
+    else if (d == "node_rank")
+      value(s, c.node_rank);
+    else if (d == "master_addr")
+      value(s, c.master_addr);
+    else if (d == "master_port")
+      value(s, c.master_port);
+    else if (d == "local_addr")
+      value(s, c.local_addr);
+    else
+      text(s);
+  }
+
+  // PET_<DEST> supplies a default: it goes in front, so the command line (later) wins.
+  std::vector<std::string> args;
+  for (const auto& s : kSpecs) {
+    auto it = env.find("PET_" + upper(s.dest));
+    if (it == env.end()) continue;
+    if (s.flag) {
+      if (it->second == "1" || it->second == "true" || it->second == "True") {
+        args.push_back(long_name(s));
+      }
+    } else {
+      args.push_back(long_name(s) + "=" + it->second);
+    }
+  }
+  for (std::size_t i = 1; i < argv.size(); ++i) args.push_back(argv[i]);
+
+  ParseResult result;
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 pops from the back
+    app.parse(reversed);
+    auto rest = app.remaining();
+    // prefix_command stops at the first argument it does not know: an option there is a typo
+    // of ours, not the entrypoint.
+    if (!rest.empty() && rest.front() != "--" && rest.front().size() > 1 &&
+        rest.front()[0] == '-') {
+      throw ConfigError("unknown option '" + rest.front() + "' (options go before the script)");
+    }
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    if (!rest.empty()) {
+      c.entrypoint = rest.front();
+      c.args.assign(rest.begin() + 1, rest.end());
+    }
+    validate_and_fill(c, raw);
+    result.config = std::move(c);
+  } catch (const CLI::CallForHelp&) {
+    result.message = app.help();
+    result.exit_code = 0;
+  } catch (const CLI::ParseError& e) {
+    result.message = std::string("ddprun: ") + e.what() + "\nRun with --help for the options.";
+    result.exit_code = 2;
+  } catch (const ConfigError& e) {
+    result.message = std::string("ddprun: ") + e.what();
+    result.exit_code = 2;
+  }
+  return result;
+}
+
+}  // namespace ddp::launch

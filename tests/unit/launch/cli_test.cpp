@@ -1,0 +1,207 @@
+// ddprun's command line against torchrun 2.x's: every flag in both spellings, defaults, PET_*
+// environment defaults with the command line winning, and a clear exit-2 message for bad input.
+#include "ddp/launch/config.hpp"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+
+#include "ddp/proto/error.hpp"
+
+using namespace ddp::launch;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+
+LaunchConfig ok(std::vector<std::string> args, const Env& env = {}) {
+  args.insert(args.begin(), "ddprun");
+  auto r = parse_launch_args(args, env);
+  INFO(r.message);
+  REQUIRE(r.config.has_value());
+  return *r.config;
+}
+
+std::string bad(std::vector<std::string> args, const Env& env = {}) {
+  args.insert(args.begin(), "ddprun");
+  auto r = parse_launch_args(args, env);
+  REQUIRE_FALSE(r.config.has_value());
+  CHECK(r.exit_code == 2);
+  return r.message;
+}
+
+}  // namespace
+
+TEST_CASE("torchrun's defaults", "[unit][launch]") {
+  auto c = ok({"train.py"});
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 1);
+  CHECK(c.nproc_per_node == "1");
+  CHECK(c.rdzv_backend == "static");
+  CHECK(c.rdzv_id == "none");
+  CHECK(c.max_restarts == 0);
+  CHECK(c.monitor_interval_s == Approx(0.1));
+  CHECK(c.role == "default");
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK(c.master_port == 29500);
+  CHECK(c.node_rank == 0);
+  CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(c.redirects.for_rank(0) == Std::none);
+  CHECK(c.entrypoint == "train.py");
+  CHECK(c.args.empty());
+  CHECK(c.endpoint().host == "127.0.0.1");
+  CHECK(c.endpoint().port == 29500);
+}
+
+TEST_CASE("every multi-word flag has a dashed and an underscored spelling", "[unit][launch]") {
+  auto check_both = [](const std::string& dashed, const std::string& value, auto get) {
+    std::string under = dashed;
+    std::replace(under.begin() + 2, under.end(), '-', '_');
+    auto a = ok({dashed + "=" + value, "x.py"});
+    auto b = ok({under, value, "x.py"});
+    CHECK(get(a) == get(b));
+    return get(a);
+  };
+  CHECK(check_both("--nproc-per-node", "4", [](auto& c) { return c.nproc_per_node; }) == "4");
+  CHECK(ok({"--rdzv-backend=c10d", "--rdzv-endpoint=h", "x"}).rdzv_backend == "c10d");
+  CHECK(ok({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h", "x"}).rdzv_backend == "c10d");
+  CHECK(check_both("--rdzv-endpoint", "h:1", [](auto& c) { return c.rdzv_endpoint; }) == "h:1");
+  CHECK(check_both("--rdzv-id", "job7", [](auto& c) { return c.rdzv_id; }) == "job7");
+  CHECK(check_both("--max-restarts", "3", [](auto& c) { return c.max_restarts; }) == 3);
+  CHECK(check_both("--monitor-interval", "0.5", [](auto& c) { return c.monitor_interval_s; }) ==
+        Approx(0.5));
+  CHECK(check_both("--start-method", "fork", [](auto& c) { return c.start_method; }) == "fork");
+  CHECK(check_both("--log-dir", "/tmp/l", [](auto& c) { return c.log_dir; }) == "/tmp/l");
+  CHECK(check_both("--node-rank", "2", [](auto& c) { return c.node_rank; }) == 2);
+  CHECK(check_both("--master-addr", "10.0.0.9", [](auto& c) { return c.master_addr; }) ==
+        "10.0.0.9");
+  CHECK(check_both("--master-port", "1234", [](auto& c) { return c.master_port; }) == 1234);
+  CHECK(check_both("--local-addr", "n1", [](auto& c) { return c.local_addr; }) == "n1");
+  CHECK(check_both("--local-ranks-filter", "0,2", [](auto& c) { return c.local_ranks_filter; }) ==
+        std::vector<int>{0, 2});
+  CHECK(check_both("--signals-to-handle", "SIGUSR1,SIGTERM", [](auto& c) {
+          return c.signals_to_handle;
+        }) == std::vector<int>{SIGUSR1, SIGTERM});
+  CHECK(check_both("--rdzv-conf", "join_timeout=5,is_host=false", [](auto& c) {
+          return c.rdzv_conf;
+        }) == std::map<std::string, std::string>{{"is_host", "false"}, {"join_timeout", "5"}});
+  CHECK(ok({"--no_python", "x"}).no_python);
+  CHECK(ok({"--no-python", "x"}).no_python);
+  CHECK(ok({"--run_path", "/x.py"}).run_path);
+  CHECK(ok({"--event-log-handler", "console", "x"}).entrypoint == "x");
+  CHECK(ok({"--logs_specs", "mine", "x"}).entrypoint == "x");
+  CHECK(ok({"--numa-binding", "node", "x"}).entrypoint == "x");
+}
+
+TEST_CASE("--nnodes takes N or MIN:MAX", "[unit][launch]") {
+  auto c = ok({"--nnodes=2", "x.py"});
+  CHECK(c.min_nodes == 2);
+  CHECK(c.max_nodes == 2);
+  c = ok({"--nnodes", "1:4", "x.py"});
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 4);
+  CHECK_THAT(bad({"--nnodes=0", "x.py"}), Catch::Contains("--nnodes"));
+  CHECK_THAT(bad({"--nnodes=3:2", "x.py"}), Catch::Contains("MIN <= MAX"));
+  CHECK_THAT(bad({"--nnodes=a:b", "x.py"}), Catch::Contains("not an integer"));
+  CHECK_THAT(bad({"--nnodes=1:2:3", "x.py"}), Catch::Contains("N or MIN:MAX"));
+}
+
+TEST_CASE("--nproc-per-node takes an integer, cpu, gpu or auto", "[unit][launch]") {
+  for (const char* v : {"8", "cpu", "gpu", "auto"}) {
+    CHECK(ok({"--nproc-per-node", v, "x.py"}).nproc_per_node == v);
+  }
+  CHECK_THAT(bad({"--nproc-per-node=0", "x.py"}), Catch::Contains("--nproc-per-node"));
+  CHECK_THAT(bad({"--nproc-per-node=many", "x.py"}), Catch::Contains("--nproc-per-node"));
+}
+
+TEST_CASE("the script's own arguments are passed through untouched", "[unit][launch]") {
+  auto c = ok({"--nproc-per-node=2", "train.py", "--nproc-per-node", "9", "--lr=0.1",
+               "--local-rank=${local_rank}"});
+  CHECK(c.nproc_per_node == "2");
+  CHECK(c.entrypoint == "train.py");
+  CHECK(c.args == std::vector<std::string>{"--nproc-per-node", "9", "--lr=0.1",
+                                           "--local-rank=${local_rank}"});
+  auto d = ok({"--", "prog", "-x"});
+  CHECK(d.entrypoint == "prog");
+  CHECK(d.args == std::vector<std::string>{"-x"});
+}
+
+TEST_CASE("short flags -m -r -t", "[unit][launch]") {
+  auto c = ok({"-m", "-r", "3", "-t", "0:1,1:2", "pkg.mod"});
+  CHECK(c.module);
+  CHECK(c.redirects.for_rank(5) == Std::all);
+  CHECK(c.tee.for_rank(0) == Std::out);
+  CHECK(c.tee.for_rank(1) == Std::err);
+  CHECK(c.tee.for_rank(2) == Std::none);
+  CHECK_THAT(bad({"-r", "4", "x"}), Catch::Contains("--redirects"));
+  CHECK_THAT(bad({"-t", "0:9", "x"}), Catch::Contains("--tee"));
+  CHECK_THAT(bad({"-t", "a:1", "x"}), Catch::Contains("--tee"));
+}
+
+TEST_CASE("PET_* environment supplies defaults and the command line wins", "[unit][launch]") {
+  Env env = {{"PET_NNODES", "2:3"},
+             {"PET_NPROC_PER_NODE", "4"},
+             {"PET_RDZV_ENDPOINT", "store:29401"},
+             {"PET_RDZV_BACKEND", "c10d"},
+             {"PET_MAX_RESTARTS", "2"},
+             {"PET_NO_PYTHON", "1"}};
+  auto c = ok({"x"}, env);
+  CHECK(c.min_nodes == 2);
+  CHECK(c.max_nodes == 3);
+  CHECK(c.nproc_per_node == "4");
+  CHECK(c.endpoint().host == "store");
+  CHECK(c.endpoint().port == 29401);
+  CHECK(c.max_restarts == 2);
+  CHECK(c.no_python);
+  auto d = ok({"--nproc-per-node=8", "--max_restarts", "0", "x"}, env);
+  CHECK(d.nproc_per_node == "8");
+  CHECK(d.max_restarts == 0);
+  CHECK_FALSE(ok({"x"}, {{"PET_STANDALONE", "0"}}).standalone);
+  CHECK(ok({"x"}, {{"PET_STANDALONE", "1"}}).standalone);
+  CHECK_THAT(bad({"x"}, {{"PET_MAX_RESTARTS", "lots"}}), Catch::Contains("max-restarts"));
+}
+
+TEST_CASE("--standalone picks c10d on a free local port with a fresh run id", "[unit][launch]") {
+  auto a = ok({"--standalone", "--rdzv-endpoint=elsewhere:1", "x"});
+  auto b = ok({"--standalone", "x"});
+  CHECK(a.rdzv_backend == "c10d");
+  CHECK(a.endpoint().host == "localhost");
+  CHECK(a.endpoint().port == 0);
+  CHECK(a.rdzv_id.size() == 36);
+  CHECK(a.rdzv_id != b.rdzv_id);  // two standalone jobs on one host never share a store
+}
+
+TEST_CASE("rendezvous endpoints: default ports, IPv6, errors", "[unit][launch]") {
+  CHECK(ok({"--rdzv-backend=c10d", "--rdzv-endpoint=node1", "x"}).endpoint().port == 29400);
+  auto v6 = ok({"--rdzv-backend=c10d", "--rdzv-endpoint=[::1]:5000", "x"}).endpoint();
+  CHECK(v6.host == "::1");
+  CHECK(v6.port == 5000);
+  CHECK(parse_endpoint("fe80::1", 29400).host == "fe80::1");
+  CHECK_THROWS_AS(parse_endpoint("[::1", 1), ddp::ConfigError);
+  CHECK_THROWS_AS(parse_endpoint("h:70000", 1), ddp::ConfigError);
+  CHECK_THROWS_AS(parse_endpoint(":80", 1), ddp::ConfigError);
+  CHECK_THAT(bad({"--rdzv-backend=c10d", "x"}), Catch::Contains("--rdzv-endpoint is required"));
+  CHECK_THAT(bad({"--rdzv-backend=c10d", "--rdzv-endpoint=h:x", "x"}),
+             Catch::Contains("not an integer"));
+  CHECK_THAT(bad({"--rdzv-backend=etcd", "--rdzv-endpoint=h", "x"}),
+             Catch::Contains("--rdzv-backend"));
+}
+
+TEST_CASE("bad input gets exit code 2 and names what was wrong", "[unit][launch]") {
+  CHECK_THAT(bad({}), Catch::Contains("training_script"));
+  CHECK_THAT(bad({"--bogus", "x"}), Catch::Contains("--bogus"));
+  CHECK_THAT(bad({"--max-restarts=-1", "x"}), Catch::Contains("--max-restarts"));
+  CHECK_THAT(bad({"--monitor-interval=0", "x"}), Catch::Contains("--monitor-interval"));
+  CHECK_THAT(bad({"--master-port=70000", "x"}), Catch::Contains("--master-port"));
+  CHECK_THAT(bad({"--start-method=thread", "x"}), Catch::Contains("--start-method"));
+  CHECK_THAT(bad({"-m", "--no-python", "x"}), Catch::Contains("--no-python"));
+  CHECK_THAT(bad({"--rdzv-conf=novalue", "x"}), Catch::Contains("KEY=VALUE"));
+  CHECK_THAT(bad({"--signals-to-handle=SIGKILL", "x"}), Catch::Contains("SIGKILL"));
+  CHECK_THAT(bad({"--local-ranks-filter=0,x", "x"}), Catch::Contains("--local-ranks-filter"));
+  CHECK_THAT(bad({"--node-rank=-1", "x"}), Catch::Contains("--node-rank"));
+}
+
+TEST_CASE("--help prints the options and exits 0", "[unit][launch]") {
+  auto r = parse_launch_args({"ddprun", "--help"}, {});
+  CHECK_FALSE(r.config.has_value());
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.message, Catch::Contains("--nproc-per-node"));
+}
