@@ -91,7 +91,7 @@ TEST_CASE("every multi-word flag has a dashed and an underscored spelling", "[un
   CHECK(ok({"--numa-binding", "node", "x"}).entrypoint == "x");
 }
 
-TEST_CASE("--nnodes takes N or MIN:MAX", "[unit][launch]") {
+TEST_CASE("nnodes takes N or MIN:MAX", "[unit][launch]") {
   auto c = ok({"--nnodes=2", "x.py"});
   CHECK(c.min_nodes == 2);
   CHECK(c.max_nodes == 2);
@@ -104,7 +104,7 @@ TEST_CASE("--nnodes takes N or MIN:MAX", "[unit][launch]") {
   CHECK_THAT(bad({"--nnodes=1:2:3", "x.py"}), Catch::Contains("N or MIN:MAX"));
 }
 
-TEST_CASE("--nproc-per-node takes an integer, cpu, gpu or auto", "[unit][launch]") {
+TEST_CASE("nproc-per-node takes an integer, cpu, gpu or auto", "[unit][launch]") {
   for (const char* v : {"8", "cpu", "gpu", "auto"}) {
     CHECK(ok({"--nproc-per-node", v, "x.py"}).nproc_per_node == v);
   }
@@ -159,7 +159,7 @@ TEST_CASE("PET_* environment supplies defaults and the command line wins", "[uni
   CHECK_THAT(bad({"x"}, {{"PET_MAX_RESTARTS", "lots"}}), Catch::Contains("max-restarts"));
 }
 
-TEST_CASE("--standalone picks c10d on a free local port with a fresh run id", "[unit][launch]") {
+TEST_CASE("standalone picks c10d on a free local port with a fresh run id", "[unit][launch]") {
   auto a = ok({"--standalone", "--rdzv-endpoint=elsewhere:1", "x"});
   auto b = ok({"--standalone", "x"});
   CHECK(a.rdzv_backend == "c10d");
@@ -199,7 +199,7 @@ TEST_CASE("bad input gets exit code 2 and names what was wrong", "[unit][launch]
   CHECK_THAT(bad({"--node-rank=-1", "x"}), Catch::Contains("--node-rank"));
 }
 
-TEST_CASE("--help prints the options and exits 0", "[unit][launch]") {
+TEST_CASE("help prints the options and exits 0", "[unit][launch]") {
   auto r = parse_launch_args({"ddprun", "--help"}, {});
   CHECK_FALSE(r.config.has_value());
   CHECK(r.exit_code == 0);

@@ -1,0 +1,42 @@
+// What each worker process gets: its command line (python -u [-m] script args, or the program
+// itself with --no-python, ${local_rank} substituted) and torchrun 2.x's environment contract
+// (torch-compat.md §2) on top of the agent's own environment. Pure: no process is started here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ddp/launch/config.hpp"
+
+namespace ddp::launch {
+
+using EnvMap = std::map<std::string, std::string>;
+
+// Where this node sits in the current rendezvous round; the same for all its workers.
+struct GroupInfo {
+  int group_rank = 0;        // this node's rank among the nodes (GROUP_RANK)
+  int group_world_size = 1;  // nodes in the round
+  int base_global_rank = 0;  // global rank of this node's local rank 0
+  int world_size = 1;        // workers over all nodes
+  int local_world_size = 1;  // workers on this node
+  int base_role_rank = 0;
+  int role_world_size = 1;
+  int restart_count = 0;
+  std::string master_addr;  // the store the workers' init_process_group("env://") uses
+  std::uint16_t master_port = 0;
+  std::string run_id;
+  std::string attempt_dir;  // <log_dir>/<run>/attempt_<n>; empty: no error files
+};
+
+// The worker's argv. PYTHON_EXEC in `agent_env` replaces the python executable.
+std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
+                                     const EnvMap& agent_env);
+
+// The agent's environment plus the worker's variables (these win over inherited ones, except
+// TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS, which keep an inherited value).
+EnvMap worker_env(const LaunchConfig& config, const GroupInfo& group, int local_rank,
+                  const EnvMap& agent_env);
+
+}  // namespace ddp::launch

@@ -1,0 +1,84 @@
+// Worker argv and environment against torchrun 2.x's contract (torch-compat.md §2), including
+// the values observed from a real torchrun run there.
+#include "ddp/launch/worker_env.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace ddp::launch;
+
+namespace {
+
+LaunchConfig config(std::vector<std::string> args) {
+  args.insert(args.begin(), "ddprun");
+  auto r = parse_launch_args(args, {});
+  REQUIRE(r.config.has_value());
+  return *r.config;
+}
+
+GroupInfo two_nodes_second() {
+  GroupInfo g;
+  g.group_rank = 1;
+  g.group_world_size = 2;
+  g.base_global_rank = 4;
+  g.world_size = 8;
+  g.local_world_size = 4;
+  g.base_role_rank = 4;
+  g.role_world_size = 8;
+  g.restart_count = 2;
+  g.master_addr = "node0";
+  g.master_port = 41234;
+  g.run_id = "job1";
+  g.attempt_dir = "/logs/job1_x/attempt_2";
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("python scripts run under python -u, modules with -m, ${local_rank} substituted",
+          "[unit][launch]") {
+  auto c = config({"train.py", "--out=/tmp/r${local_rank}", "--x"});
+  CHECK(worker_argv(c, 3, {}) ==
+        std::vector<std::string>{"python3", "-u", "train.py", "--out=/tmp/r3", "--x"});
+  CHECK(worker_argv(c, 0, {{"PYTHON_EXEC", "/venv/bin/python"}}).front() == "/venv/bin/python");
+  auto m = config({"-m", "pkg.main", "a"});
+  CHECK(worker_argv(m, 0, {}) == std::vector<std::string>{"python3", "-u", "-m", "pkg.main", "a"});
+  auto n = config({"--no-python", "/bin/echo", "${local_rank}${local_rank}"});
+  CHECK(worker_argv(n, 1, {}) == std::vector<std::string>{"/bin/echo", "11"});
+}
+
+TEST_CASE("the environment torchrun 2.x exports, on top of the agent's", "[unit][launch]") {
+  auto c = config({"--max-restarts=3", "--role=trainer", "x.py"});
+  auto env = worker_env(c, two_nodes_second(), 2, {{"PATH", "/bin"}, {"RANK", "stale"}});
+  CHECK(env.at("PATH") == "/bin");
+  CHECK(env.at("LOCAL_RANK") == "2");
+  CHECK(env.at("RANK") == "6");
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("ROLE_RANK") == "6");
+  CHECK(env.at("ROLE_NAME") == "trainer");
+  CHECK(env.at("LOCAL_WORLD_SIZE") == "4");
+  CHECK(env.at("WORLD_SIZE") == "8");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(env.at("ROLE_WORLD_SIZE") == "8");
+  CHECK(env.at("MASTER_ADDR") == "node0");
+  CHECK(env.at("MASTER_PORT") == "41234");
+  CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "2");
+  CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "3");
+  CHECK(env.at("TORCHELASTIC_RUN_ID") == "job1");
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/logs/job1_x/attempt_2/2/error.json");
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+  CHECK(env.at("OMP_NUM_THREADS") == "1");
+}
+
+TEST_CASE("inherited NCCL and OpenMP settings are kept; one worker gets no OMP default",
+          "[unit][launch]") {
+  auto c = config({"x.py"});
+  GroupInfo g;
+  g.local_world_size = 1;
+  auto env = worker_env(c, g, 0, {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(env.count("OMP_NUM_THREADS") == 0);
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE").empty());
+  g.local_world_size = 2;
+  CHECK(worker_env(c, g, 1, {{"OMP_NUM_THREADS", "8"}}).at("OMP_NUM_THREADS") == "8");
+}
