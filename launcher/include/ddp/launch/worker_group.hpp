@@ -1,0 +1,68 @@
+// WorkerGroup: the local worker processes of one attempt. Each worker runs in its own process
+// group (signals reach its children too) and dies with the agent (PR_SET_PDEATHSIG). Exits are
+// seen through pidfds, so waiting is event-driven, not a polling sleep.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/launch/worker_env.hpp"
+
+namespace ddp::launch {
+
+struct WorkerSpec {
+  std::vector<std::string> argv;
+  EnvMap env;
+};
+
+struct WorkerExit {
+  int local_rank = -1;
+  pid_t pid = -1;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal ended it (then exit_code is 0)
+  std::chrono::system_clock::time_point when;
+  bool failed() const { return signal != 0 || exit_code != 0; }
+  // torchrun-style: the exit code, or "Signal 11 (SIGSEGV)".
+  std::string describe() const;
+};
+
+class WorkerGroup {
+ public:
+  WorkerGroup() = default;
+  ~WorkerGroup();  // kills and reaps whatever still runs
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Starts one process per spec, local rank = index. Throws ddp::ConfigError naming the
+  // program when it cannot be executed (the other workers are then stopped).
+  void start(const std::vector<WorkerSpec>& specs);
+
+  // The next worker to exit, or nullopt if none did before `timeout`.
+  std::optional<WorkerExit> wait_any(std::chrono::milliseconds timeout);
+
+  // Sends `sig` to the process group of every worker still running.
+  void signal_all(int sig);
+
+  // SIGTERM (or `sig`) to all, up to `grace` for them to exit, then SIGKILL; reaps everything.
+  // Returns the exits it collected.
+  std::vector<WorkerExit> stop(std::chrono::milliseconds grace, int sig = 15);
+
+  std::size_t running() const;
+  std::vector<pid_t> pids() const;
+
+ private:
+  struct Worker {
+    int local_rank;
+    pid_t pid;
+    int pidfd;
+    bool done;
+  };
+  WorkerExit reap(Worker& w);
+  std::vector<Worker> workers_;
+};
+
+}  // namespace ddp::launch

@@ -1,0 +1,179 @@
+// Spawning and reaping workers. fork+exec from the agent's main thread: the child joins a new
+// process group, asks for SIGKILL when its parent dies, and reports an exec failure through a
+// close-on-exec pipe. Exits are read from pidfds with poll(), so no exit waits for a timer.
+#include "ddp/launch/worker_group.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+namespace {
+
+int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+const char* signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev ? abbrev : "?";
+}
+
+// Runs in the child between fork and exec: only async-signal-safe calls.
+[[noreturn]] void exec_child(const std::vector<char*>& argv, const std::vector<char*>& envp,
+                             pid_t parent, int err_fd) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execvpe(argv[0], argv.data(), envp.data());
+  int e = errno;
+  (void)!::write(err_fd, &e, sizeof(e));
+  ::_exit(127);
+}
+
+}  // namespace
+
+std::string WorkerExit::describe() const {
+  if (signal != 0) return "Signal " + std::to_string(signal) + " (SIG" + signal_name(signal) + ")";
+  return std::to_string(exit_code);
+}
+
+WorkerGroup::~WorkerGroup() {
+  if (running() > 0) stop(std::chrono::milliseconds(0), SIGKILL);
+  for (auto& w : workers_) {
+    if (w.pidfd >= 0) ::close(w.pidfd);
+  }
+}
+
+void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
+  pid_t self = ::getpid();
+  for (std::size_t rank = 0; rank < specs.size(); ++rank) {
+    const auto& spec = specs[rank];
+    if (spec.argv.empty()) throw ConfigError("worker " + std::to_string(rank) + ": empty command");
+    // Everything exec needs is built before fork.
+    std::vector<std::string> env_strings;
+    for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> argv, envp;
+    for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int pipefd[2];
+    if (::pipe2(pipefd, O_CLOEXEC) != 0)
+      throw IoError("pipe2: " + std::string(std::strerror(errno)));
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      int e = errno;
+      ::close(pipefd[0]);
+      ::close(pipefd[1]);
+      stop(std::chrono::milliseconds(0), SIGKILL);
+      throw IoError("fork failed: " + std::string(std::strerror(e)));
+    }
+    if (pid == 0) exec_child(argv, envp, self, pipefd[1]);
+    ::close(pipefd[1]);
+    ::setpgid(pid, pid);  // also from the parent, so the group exists before any killpg
+    int exec_errno = 0;
+    ssize_t n = ::read(pipefd[0], &exec_errno, sizeof(exec_errno));  // EOF once exec succeeds
+    ::close(pipefd[0]);
+    workers_.push_back({static_cast<int>(rank), pid, pidfd_open(pid), false});
+    if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
+      stop(std::chrono::milliseconds(0), SIGKILL);
+      throw ConfigError("cannot execute '" + spec.argv[0] + "' for local rank " +
+                        std::to_string(rank) + ": " + std::strerror(exec_errno));
+    }
+  }
+}
+
+WorkerExit WorkerGroup::reap(Worker& w) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = ::waitpid(w.pid, &status, 0);
+  } while (r < 0 && errno == EINTR);
+  w.done = true;
+  WorkerExit e;
+  e.local_rank = w.local_rank;
+  e.pid = w.pid;
+  e.when = std::chrono::system_clock::now();
+  if (r == w.pid && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
+  return e;
+}
+
+std::optional<WorkerExit> WorkerGroup::wait_any(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<Worker*> who;
+    for (auto& w : workers_) {
+      if (w.done) continue;
+      fds.push_back({w.pidfd, POLLIN, 0});
+      who.push_back(&w);
+    }
+    if (fds.empty()) return std::nullopt;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    int r =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::max<std::int64_t>(0, left.count())));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return std::nullopt;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) return reap(*who[i]);
+    }
+  }
+}
+
+void WorkerGroup::signal_all(int sig) {
+  for (const auto& w : workers_) {
+    if (!w.done) ::killpg(w.pid, sig);
+  }
+}
+
+std::vector<WorkerExit> WorkerGroup::stop(std::chrono::milliseconds grace, int sig) {
+  std::vector<WorkerExit> exits;
+  std::vector<pid_t> groups;  // only groups whose leader this call reaps: ids still ours
+  for (const auto& w : workers_) {
+    if (!w.done) groups.push_back(w.pid);
+  }
+  signal_all(sig);
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  while (running() > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    if (auto e = wait_any(left)) exits.push_back(*e);
+  }
+  if (running() > 0) {
+    signal_all(SIGKILL);
+    for (auto& w : workers_) {
+      if (!w.done) exits.push_back(reap(w));
+    }
+  }
+  // A group may hold grandchildren after its leader is gone: clear them out too.
+  for (pid_t g : groups) ::killpg(g, SIGKILL);
+  return exits;
+}
+
+std::size_t WorkerGroup::running() const {
+  std::size_t n = 0;
+  for (const auto& w : workers_) n += w.done ? 0 : 1;
+  return n;
+}
+
+std::vector<pid_t> WorkerGroup::pids() const {
+  std::vector<pid_t> out;
+  for (const auto& w : workers_) out.push_back(w.pid);
+  return out;
+}
+
+}  // namespace ddp::launch
