@@ -121,8 +121,8 @@ std::optional<WorkerExit> WorkerGroup::wait_any(std::chrono::milliseconds timeou
       who.push_back(&w);
     }
     if (fds.empty()) return std::nullopt;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     int r =
         ::poll(fds.data(), fds.size(), static_cast<int>(std::max<std::int64_t>(0, left.count())));
     if (r < 0 && errno == EINTR) continue;
@@ -148,8 +148,8 @@ std::vector<WorkerExit> WorkerGroup::stop(std::chrono::milliseconds grace, int s
   signal_all(sig);
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (running() > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     if (auto e = wait_any(left)) exits.push_back(*e);
   }
