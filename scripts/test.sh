@@ -70,8 +70,9 @@ fuzz() {
     -DDDP_SANITIZE=address,undefined >/dev/null && ninja -C build-fuzz decoder_fuzz || return 1
   local corpus; corpus=$(mktemp -d)
   cp tests/fuzz/corpus/* "$corpus"/
+  # A crash input lands in build-fuzz/ (never in the source tree); add it to tests/fuzz/corpus.
   build-fuzz/bin/decoder_fuzz -max_total_time="${DDP_FUZZ_SECONDS:-60}" -max_len=4096 \
-    -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+    -artifact_prefix="$root/build-fuzz/" -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
   local rc=${PIPESTATUS[0]}
   rm -rf "$corpus"
   return "$rc"

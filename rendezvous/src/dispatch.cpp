@@ -9,6 +9,10 @@ namespace ddp::rdzv {
 
 using proto::Op;
 
+namespace {
+constexpr std::int64_t kMaxLeaseTtlMs = 30LL * 24 * 3600 * 1000;
+}  // namespace
+
 Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
   proto::Writer w(ctx.out);
   auto reply = [&]() -> proto::Writer& {
@@ -99,6 +103,11 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
       case Op::lease_grant:
         if (req.i64 == 0 && req.u8 == 0) {
           ctx.error = "LEASE_GRANT needs a ttl or bind_to_connection";
+          return Outcome::failed;
+        }
+        if (req.i64 > kMaxLeaseTtlMs) {
+          ctx.error = "LEASE_GRANT ttl of " + std::to_string(req.i64) +
+                      " ms exceeds the maximum of 30 days";
           return Outcome::failed;
         }
         reply().value<std::uint64_t>(

@@ -21,6 +21,12 @@ void erase_one(std::vector<WaiterId>& list, WaiterId w) {
   list.erase(std::remove(list.begin(), list.end(), w), list.end());
 }
 
+// now + ttl, saturating: ttl 0 (or one past the clock's range) never expires.
+Millis expiry_after(Millis now, Millis ttl) {
+  if (ttl.count() <= 0 || ttl > Millis::max() - now) return Millis::max();
+  return now + ttl;
+}
+
 std::int64_t signed_diff(std::size_t now, std::size_t before) {
   return static_cast<std::int64_t>(now) - static_cast<std::int64_t>(before);
 }
@@ -254,7 +260,7 @@ LeaseId KvTable::lease_grant(Millis ttl, WaiterId owner, Millis now) {
   LeaseId id = next_lease_++;
   Lease l;
   l.ttl = ttl;
-  l.expiry = ttl.count() > 0 ? now + ttl : Millis::max();
+  l.expiry = expiry_after(now, ttl);
   l.owner = owner;
   leases_.emplace(id, std::move(l));
   return id;
@@ -263,7 +269,7 @@ LeaseId KvTable::lease_grant(Millis ttl, WaiterId owner, Millis now) {
 bool KvTable::lease_keepalive(LeaseId id, Millis now) {
   auto it = leases_.find(id);
   if (it == leases_.end()) return false;
-  if (it->second.ttl.count() > 0) it->second.expiry = now + it->second.ttl;
+  it->second.expiry = expiry_after(now, it->second.ttl);
   return true;
 }
 

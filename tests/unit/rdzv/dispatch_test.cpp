@@ -118,4 +118,5 @@ TEST_CASE("after HELLO every reply starts with a status byte", "[unit][rdzv]") {
   CHECK(h.table.get("/l") == nullptr);
   CHECK(h.run("83 0100000000000000") == "0001");  // already gone
   CHECK(h.run("81 0000000000000000 00").rfind("failed: LEASE_GRANT needs", 0) == 0);
+  CHECK(h.run("81 ffffffffffffff7f 00").rfind("failed: LEASE_GRANT ttl of", 0) == 0);
 }

@@ -180,3 +180,13 @@ TEST_CASE("the byte cap refuses a write whole and frees what deletes give back",
   CHECK(t.erase("a"));
   CHECK(t.bytes() == 0);
 }
+
+TEST_CASE("a huge ttl saturates instead of overflowing the clock", "[unit][rdzv]") {
+  KvTable t;
+  Woken w;
+  auto l = t.lease_grant(Millis::max(), 0, Millis(7));  // found by the fuzzer (UBSan overflow)
+  REQUIRE(t.set_with_lease("k", "v", l, w));
+  CHECK(t.lease_keepalive(l, Millis(1000)));
+  CHECK(t.expire(Millis::max() - Millis(1)) == 0);
+  CHECK(t.get("k") != nullptr);
+}
