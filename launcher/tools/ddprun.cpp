@@ -1,0 +1,32 @@
+// ddprun: the torchrun-compatible launcher. Parses torchrun's command line (and PET_*), then
+// runs the node's agent; the exit code carries the first failure's code or 128 + signal.
+#include <cstdio>
+#include <iostream>
+
+#include "ddp/launch/agent.hpp"
+#include "ddp/proto/error.hpp"
+
+extern char** environ;
+
+int main(int argc, char** argv) {
+  ddp::launch::EnvMap env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  auto parsed = ddp::launch::parse_launch_args(std::vector<std::string>(argv, argv + argc), env);
+  if (!parsed.config) {
+    (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
+    return parsed.exit_code;
+  }
+  try {
+    return ddp::launch::run_agent(*parsed.config, env);
+  } catch (const ddp::ConfigError& e) {
+    std::cerr << "ddprun: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun: " << e.what() << "\n";
+    return 1;
+  }
+}
