@@ -49,7 +49,7 @@ fi
 note "2. ASan+UBSan: unit + integration, and real torch 2.x clients against a sanitized ddprund"
 if cmake -S . -B build-asan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
      -DDDP_TORCH2_PYTHON="$venv/bin/python" -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null &&
-   ninja -C build-asan ddp_unit_tests ddp_integration_tests ddprund ddpstore; then
+   ninja -C build-asan ddp_unit_tests ddp_integration_tests ddprund ddpstore ddprun; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_ctest build-asan -R "^(unit|integration)/|^interop: "
 else
