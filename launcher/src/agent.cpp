@@ -134,9 +134,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       return 128 + received;
     }
     if (failures.empty()) return 0;  // every worker exited 0
-    for (auto& e : workers.stop(grace)) {
-      (void)e;  // the others were stopped by us: not failures of their own
-    }
+    workers.stop(grace);             // the others were stopped by us: not failures of their own
     if (attempt < config.max_restarts) {
       std::fprintf(stderr, "ddprun: local rank %d failed (%s); restarting the group, %d of %d\n",
                    failures[0].exit.local_rank, failures[0].exit.describe().c_str(), attempt + 1,

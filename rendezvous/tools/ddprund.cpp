@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once listening");
   app.add_option("--threads", opts.threads, "event-loop threads (0: half the cores, 1 to 4)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 64u));
   app.add_option("--max-connections", opts.max_connections, "connections served at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

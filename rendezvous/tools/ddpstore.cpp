@@ -2,6 +2,7 @@
 //   ddpstore --endpoint HOST:PORT set KEY VALUE | get KEY | add KEY N | wait KEY... |
 //            check KEY... | delete KEY | num-keys | list-keys | ping
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <iostream>
 
 #include "ddp/proto/error.hpp"
@@ -60,7 +61,12 @@ int main(int argc, char** argv) {
       std::cout << c.get(rest[0]) << "\n";
     } else if (cmd == "add") {
       need(2);
-      std::cout << c.add(rest[0], std::stoll(rest[1])) << "\n";
+      long long delta = 0;
+      auto [end, ec] = std::from_chars(rest[1].data(), rest[1].data() + rest[1].size(), delta);
+      if (ec != std::errc() || end != rest[1].data() + rest[1].size()) {
+        throw ddp::ConfigError("add: '" + rest[1] + "' is not an integer");
+      }
+      std::cout << c.add(rest[0], delta) << "\n";
     } else if (cmd == "wait") {
       c.wait(rest);
     } else if (cmd == "check") {

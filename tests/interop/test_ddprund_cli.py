@@ -75,6 +75,7 @@ def test_port_in_use_is_a_clear_error():
     (["--port", "70000"], "--port"),
     (["--max-connections", "0"], "--max-connections"),
     (["--bogus"], "bogus"),
+    (["--threads", "100000"], "--threads"),
 ])
 def test_bad_flags_name_the_flag(args, needle):
     p = subprocess.run([os.path.join(BIN, "ddprund"), *args], capture_output=True, text=True,
@@ -100,3 +101,13 @@ def test_unwritable_port_file_is_an_error():
                         "/nonexistent-dir/port"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 1
     assert "cannot write --port-file /nonexistent-dir/port" in p.stderr
+
+
+def test_ddpstore_add_names_a_bad_number():
+    d = Daemon()
+    try:
+        p = ddpstore(d.port, "add", "n", "five", check=False)
+        assert p.returncode == 1
+        assert "add: 'five' is not an integer" in p.stderr
+    finally:
+        assert d.stop() == 0
