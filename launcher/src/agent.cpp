@@ -1,24 +1,40 @@
-// The agent's lifecycle for a single node (see agent.hpp). Worker exits arrive through
-// WorkerGroup's pidfds; the stop signals are blocked and collected with sigtimedwait between
-// waits, so a forwarded signal takes at most --monitor-interval to act on.
+// The agent's lifecycle (see agent.hpp): open or join the rendezvous store, then one loop turn
+// per rendezvous round: form the round, host or find the workers' store, start the workers,
+// and wait on one poll set for whatever comes first: a worker's exit (pidfd), a stop signal
+// (signalfd), the round's event posted by any node (EventWatcher's eventfd), or worker output.
+// Nothing waits on a timer, so a failure anywhere reaches every node within a round trip.
 #include "ddp/launch/agent.hpp"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "ddp/launch/failure_report.hpp"
+#include "ddp/launch/rank_assignment.hpp"
+#include "ddp/launch/rendezvous.hpp"
 #include "ddp/launch/worker_group.hpp"
+#include "ddp/launch/worker_output.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/server.hpp"
 
 namespace ddp::launch {
 namespace {
+
+using std::chrono::milliseconds;
 
 int count_nvidia_gpus() {
   std::error_code ec;
@@ -30,13 +46,17 @@ int count_nvidia_gpus() {
   return n;
 }
 
-std::chrono::milliseconds shutdown_grace(const EnvMap& env) {
-  auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-  if (it == env.end()) return std::chrono::seconds(30);
+milliseconds seconds_setting(const std::map<std::string, std::string>& m, const std::string& key,
+                             double fallback, const std::string& what) {
+  auto it = m.find(key);
+  if (it == m.end()) return milliseconds(static_cast<long>(fallback * 1000));
   try {
-    return std::chrono::milliseconds(static_cast<long>(std::stod(it->second) * 1000));
+    std::size_t used = 0;
+    double v = std::stod(it->second, &used);
+    if (used != it->second.size() || v < 0) throw std::invalid_argument("x");
+    return milliseconds(static_cast<long>(v * 1000));
   } catch (const std::exception&) {
-    throw ConfigError("TORCH_ELASTIC_SHUTDOWN_TIMEOUT='" + it->second + "' is not a number");
+    throw ConfigError(what + " '" + it->second + "' is not a number of seconds >= 0");
   }
 }
 
@@ -45,6 +65,155 @@ std::string hostname() {
   ::gethostname(buf, sizeof(buf) - 1);
   return buf;
 }
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// torch's is_host heuristic: the endpoint names this machine (a loopback name, the hostname,
+// or an address of one of its interfaces).
+bool names_this_machine(const std::string& host) {
+  if (is_loopback(host) || host == hostname()) return true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  ifaddrs* ifs = nullptr;
+  bool match = false;
+  if (::getifaddrs(&ifs) == 0) {
+    for (auto* a = res; a && !match; a = a->ai_next) {
+      for (auto* i = ifs; i && !match; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != a->ai_family) continue;
+        if (a->ai_family == AF_INET) {
+          match = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
+                  reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+        } else if (a->ai_family == AF_INET6) {
+          match = std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
+                              &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                              sizeof(in6_addr)) == 0;
+        }
+      }
+    }
+    ::freeifaddrs(ifs);
+  }
+  ::freeaddrinfo(res);
+  return match;
+}
+
+// The address a server binds for `host`: loopback stays loopback; anything else listens on
+// every interface, as torch's TCPStore does.
+std::string bind_address(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  if (is_loopback(host)) return host;
+  return "0.0.0.0";
+}
+
+struct RendezvousStore {
+  std::unique_ptr<rdzv::StoreServer> server;  // when this agent hosts it
+  std::string host;                           // where to connect
+  std::uint16_t port = 0;
+};
+
+std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port) {
+  rdzv::ServerOptions so;
+  so.host = bind;
+  so.port = port;
+  so.threads = 1;
+  auto s = std::make_unique<rdzv::StoreServer>(so);
+  s->start();
+  return s;
+}
+
+RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
+  RendezvousStore rs;
+  if (config.standalone) {  // a private store on a free port: two jobs never collide
+    rs.server = start_server("127.0.0.1", 0);
+    rs.host = "127.0.0.1";
+    rs.port = rs.server->port();
+    return rs;
+  }
+  Endpoint ep = config.endpoint();
+  rs.host = ep.host;
+  rs.port = ep.port;
+  if (config.rdzv_backend == "static") {
+    if (config.node_rank == 0) rs.server = start_server(bind_address(ep.host), ep.port);
+    return rs;
+  }
+  auto it = config.rdzv_conf.find("is_host");
+  bool told = it != config.rdzv_conf.end();
+  bool is_host = told ? (it->second == "1" || it->second == "true" || it->second == "True")
+                      : names_this_machine(ep.host);
+  if (!is_host) return rs;
+  try {
+    rs.server = start_server(bind_address(ep.host), ep.port);
+  } catch (const Error& e) {
+    if (told) throw;  // is_host=true: hosting is required
+    // Another agent on this machine hosts it (torch's fallback; issue 4 makes it stricter).
+    std::fprintf(stderr, "ddprun: the rendezvous store at %s:%u is hosted by another process; "
+                         "joining it as a client\n", ep.host.c_str(), ep.port);
+  }
+  return rs;
+}
+
+int make_signalfd(const std::vector<int>& signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : signals) sigaddset(&set, s);
+  // Blocked before any thread starts (threads inherit the mask), so only the signalfd sees
+  // them; workers get an empty mask back before exec.
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  int fd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd < 0) throw IoError(std::string("signalfd failed: ") + std::strerror(errno));
+  return fd;
+}
+
+// While the agent blocks on the store (forming a round), a stop signal must still stop it: a
+// thread watches the signalfd and interrupts the store client, leaving the signal unread.
+class SignalInterrupt {
+ public:
+  SignalInterrupt(int sigfd, rdzv::StoreClient& client) {
+    stop_ = ::eventfd(0, EFD_CLOEXEC);
+    if (stop_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
+    thread_ = std::thread([this, sigfd, &client] {
+      pollfd fds[2] = {{sigfd, POLLIN, 0}, {stop_, POLLIN, 0}};
+      while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (fds[0].revents != 0 && fds[1].revents == 0) {
+        fired_ = true;
+        client.interrupt();
+      }
+    });
+  }
+  ~SignalInterrupt() {
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(stop_, &one, sizeof(one));
+    thread_.join();
+    ::close(stop_);
+  }
+  SignalInterrupt(const SignalInterrupt&) = delete;
+  SignalInterrupt& operator=(const SignalInterrupt&) = delete;
+  bool fired() const { return fired_; }
+
+ private:
+  int stop_ = -1;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
+
+int read_signal(int sigfd) {
+  signalfd_siginfo si{};
+  if (::read(sigfd, &si, sizeof(si)) != static_cast<ssize_t>(sizeof(si))) return 0;
+  return static_cast<int>(si.ssi_signo);
+}
+
+// What ended one round's monitoring.
+struct Outcome {
+  enum class Kind { local_failure, signal, event, store_lost } kind;
+  std::vector<Failure> failures;  // local_failure
+  int signal = 0;
+  RoundEvent event;
+  std::string error;
+};
 
 }  // namespace
 
@@ -61,89 +230,251 @@ int resolve_nproc(const std::string& spec) {
 }
 
 int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
-  if (config.max_nodes != 1) {
+  if (config.min_nodes != config.max_nodes) {
     throw ConfigError("--nnodes=" + std::to_string(config.min_nodes) + ":" +
                       std::to_string(config.max_nodes) +
-                      ": this ddprun runs single-node jobs only so far (multi-node rendezvous "
-                      "is in progress)");
+                      ": elastic MIN:MAX rounds are not built yet; give a fixed --nnodes=N");
+  }
+  const bool is_static = config.rdzv_backend == "static" && !config.standalone;
+  if (is_static && config.node_rank >= config.max_nodes) {
+    throw ConfigError("--node-rank=" + std::to_string(config.node_rank) + " is not below " +
+                      "--nnodes=" + std::to_string(config.max_nodes));
   }
   const int nproc = resolve_nproc(config.nproc_per_node);
-  const auto grace = shutdown_grace(agent_env);
+  const auto grace = seconds_setting(agent_env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30,
+                                     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  RendezvousOptions ro;
+  ro.run_id = config.rdzv_id;
+  ro.nnodes = config.max_nodes;
+  ro.by_node_rank = is_static;
+  ro.join_timeout = seconds_setting(config.rdzv_conf, "join_timeout", 600, "--rdzv-conf join_timeout");
+  rdzv::ClientOptions co;
+  co.timeout = seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout");
+  co.connect_timeout = ro.join_timeout;
+  const std::string prefix_template =
+      config.log_line_prefix_template ? *config.log_line_prefix_template : kDefaultPrefixTemplate;
+  (void)expand_prefix(prefix_template, {});  // a bad template fails before anything starts
 
-  // Blocked before any thread starts (the store's loop inherits the mask), so only the
-  // sigtimedwait below ever sees them; workers get an empty mask back before exec.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  for (int s : config.signals_to_handle) sigaddset(&stop_signals, s);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
-  // The store the workers' init_process_group("env://") connects to, hosted in this agent on
-  // a free port (no fixed port: two jobs on one host never collide).
-  rdzv::ServerOptions so;
-  so.host = config.local_addr.empty() ? "127.0.0.1" : config.local_addr;
-  so.port = 0;
-  so.threads = 1;
-  rdzv::StoreServer store(so);
-  store.start();
-
-  EnvMap env = agent_env;
-  if (nproc > 1 && !env.count("OMP_NUM_THREADS")) {
+  const int sigfd = make_signalfd(config.signals_to_handle);
+  RendezvousStore rs = open_rendezvous_store(config);
+  rdzv::StoreClient store(rs.host, rs.port, co);
+  Rendezvous rdzv(store, ro);
+  RunLogDir logs(config.log_dir, config.rdzv_id);
+  if (nproc > 1 && !agent_env.count("OMP_NUM_THREADS")) {
     std::fprintf(stderr,
                  "ddprun: setting OMP_NUM_THREADS=1 for each worker (unset, nproc > 1); tune it "
                  "for your workload\n");
   }
-  GroupInfo g;
-  g.local_world_size = nproc;
-  g.world_size = nproc;
-  g.role_world_size = nproc;
-  g.master_addr = so.host;
-  g.master_port = store.port();
-  g.run_id = config.rdzv_id;
 
-  const auto monitor = std::chrono::milliseconds(
-      std::max<long>(1, static_cast<long>(config.monitor_interval_s * 1000)));
-  for (int attempt = 0;; ++attempt) {
-    g.restart_count = attempt;
+  const std::string host = hostname();
+  NodeDesc self;
+  self.host = host;
+  self.addr = !config.local_addr.empty() ? config.local_addr
+              : (config.standalone || is_loopback(rs.host)) ? "127.0.0.1"
+                                                            : host;
+  self.pid = static_cast<int>(::getpid());
+  self.nproc = nproc;
+  self.role = config.role;
+  self.node_rank = is_static ? config.node_rank : -1;
+  int hint = -1;
+
+  while (true) {
+    Round round;
+    // The workers' store: hosted by group rank 0's agent for this round only, so keys of an
+    // earlier round or another job can never be seen.
+    std::unique_ptr<rdzv::StoreServer> worker_store;
+    GroupInfo g;
+    {
+      SignalInterrupt on_signal(sigfd, store);
+      try {
+        round = rdzv.next_round(self, hint);
+        if (round.group_rank == 0) {
+          worker_store = start_server(bind_address(self.addr), 0);
+          g.master_addr = self.addr;
+          g.master_port = worker_store->port();
+          rdzv.publish_master(round, g.master_addr, g.master_port);
+        } else {
+          std::tie(g.master_addr, g.master_port) = rdzv.master(round);
+        }
+      } catch (const TimeoutError& e) {
+        std::fprintf(stderr, "ddprun: %s\n", e.what());
+        return 1;
+      } catch (const IoError& e) {
+        if (!on_signal.fired()) throw;
+      }
+      if (on_signal.fired()) {
+        int sig = read_signal(sigfd);
+        std::fprintf(stderr, "ddprun: received signal %d (%s) during the rendezvous; stopping\n",
+                     sig, strsignal(sig));
+        return 128 + sig;
+      }
+    }
+    std::vector<NodeRoleInfo> infos;
+    for (std::size_t i = 0; i < round.nodes.size(); ++i) {
+      infos.push_back({round.nodes[i].role, static_cast<int>(i), round.nodes[i].nproc});
+    }
+    const AssignedRanks mine = assign_ranks(infos)[static_cast<std::size_t>(round.group_rank)];
+    g.group_rank = round.group_rank;
+    g.group_world_size = round.group_world_size;
+    g.base_global_rank = mine.base_global_rank;
+    g.world_size = mine.global_world_size;
+    g.local_world_size = nproc;
+    g.base_role_rank = mine.base_role_rank;
+    g.role_world_size = mine.role_world_size;
+    g.restart_count = round.restart_count;
+    g.run_id = config.rdzv_id;
+    g.attempt_dir = logs.make_attempt(round.restart_count, nproc);
+
+    EventWatcher watcher(rs.host, rs.port, rdzv.event_key(round));
+    OutputPump pump;
     std::vector<WorkerSpec> specs;
     for (int r = 0; r < nproc; ++r) {
-      specs.push_back({worker_argv(config, r, env), worker_env(config, g, r, env)});
+      WorkerSpec spec{worker_argv(config, r, agent_env), worker_env(config, g, r, agent_env)};
+      const auto& f = config.local_ranks_filter;
+      bool shown = f.empty() || std::find(f.begin(), f.end(), r) != f.end();
+      PrefixVars pv{config.role, r, g.base_global_rank + r, g.group_rank, host};
+      pump.attach(spec, r, expand_prefix(prefix_template, pv), config.redirects.for_rank(r),
+                  config.tee.for_rank(r), shown,
+                  g.attempt_dir.empty() ? "" : g.attempt_dir + "/" + std::to_string(r));
+      specs.push_back(std::move(spec));
     }
     WorkerGroup workers;
     workers.start(specs);
-    std::vector<Failure> failures;
-    int received = 0;
-    while (workers.running() > 0 && failures.empty() && received == 0) {
-      if (auto e = workers.wait_any(monitor)) {
-        if (e->failed()) {
-          Failure f;
-          f.exit = *e;
-          f.global_rank = g.base_global_rank + e->local_rank;
-          f.host = hostname();
-          failures.push_back(std::move(f));
-        }
-        continue;
+    pump.after_start();
+
+    // Monitor until something ends the round for this node.
+    Outcome out{};
+    bool decided = false, finished = false;
+    while (!decided) {
+      std::vector<pollfd> fds{{sigfd, POLLIN, 0}, {watcher.fd(), POLLIN, 0}};
+      const auto pidfds = workers.live_pidfds();
+      for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
+      const auto outs = pump.fds();
+      for (int fd : outs) fds.push_back({fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        throw IoError(std::string("poll failed: ") + std::strerror(errno));
       }
-      timespec zero{0, 0};
-      int sig = sigtimedwait(&stop_signals, nullptr, &zero);
-      if (sig > 0) received = sig;
+      for (std::size_t i = 2 + pidfds.size(); i < fds.size(); ++i) {
+        if (fds[i].revents != 0) pump.on_readable(fds[i].fd);
+      }
+      if (fds[0].revents != 0) {
+        if (int sig = read_signal(sigfd); sig != 0) {
+          out.kind = Outcome::Kind::signal;
+          out.signal = sig;
+          decided = true;
+          break;
+        }
+      }
+      for (std::size_t i = 0; i < pidfds.size(); ++i) {
+        if (fds[2 + i].revents == 0) continue;
+        WorkerExit e = workers.reap_pidfd(pidfds[i]);
+        if (!e.failed()) continue;
+        Failure f;
+        f.exit = e;
+        f.global_rank = g.base_global_rank + e.local_rank;
+        f.host = host;
+        if (!g.attempt_dir.empty()) {
+          f.error_file = g.attempt_dir + "/" + std::to_string(e.local_rank) + "/error.json";
+        }
+        out.failures.push_back(std::move(f));
+      }
+      if (!out.failures.empty()) {
+        out.kind = Outcome::Kind::local_failure;
+        decided = true;
+        break;
+      }
+      if (!finished && workers.running() == 0) {
+        finished = true;  // every local worker exited 0: wait for the others' outcome
+        rdzv.finished(round, host, round.group_rank);
+      }
+      if (fds[1].revents != 0) {
+        if (auto ev = watcher.event()) {
+          out.kind = Outcome::Kind::event;
+          out.event = *ev;
+        } else {
+          out.kind = Outcome::Kind::store_lost;
+          out.error = watcher.error();
+        }
+        decided = true;
+      }
     }
-    if (received != 0) {
+
+    const bool restarts_left = round.restart_count < config.max_restarts;
+    if (out.kind == Outcome::Kind::signal) {
       std::fprintf(stderr, "ddprun: received signal %d (%s), forwarding it to the workers\n",
-                   received, strsignal(received));
-      workers.stop(grace, received);
-      return 128 + received;
+                   out.signal, strsignal(out.signal));
+      workers.stop(grace, out.signal);
+      pump.drain();
+      RoundEvent ev;
+      ev.kind = RoundEvent::Kind::signal;
+      ev.host = host;
+      ev.group_rank = round.group_rank;
+      ev.signal = out.signal;
+      try {
+        rdzv.end_round(round, ev, /*reopen=*/true);
+      } catch (const Error&) {
+        // The store is gone too; nobody is left to tell.
+      }
+      return 128 + out.signal;
     }
-    if (failures.empty()) return 0;  // every worker exited 0
-    workers.stop(grace);             // the others were stopped by us: not failures of their own
-    if (attempt < config.max_restarts) {
-      std::fprintf(stderr, "ddprun: local rank %d failed (%s); restarting the group, %d of %d\n",
-                   failures[0].exit.local_rank, failures[0].exit.describe().c_str(), attempt + 1,
-                   config.max_restarts);
-      continue;
+    if (out.kind == Outcome::Kind::store_lost) {
+      workers.stop(grace);
+      pump.drain();
+      std::fprintf(stderr, "ddprun: lost the rendezvous store at %s:%u (%s); stopped the "
+                           "workers\n", rs.host.c_str(), rs.port, out.error.c_str());
+      return 1;
     }
-    std::string name = config.entrypoint;
-    std::fputs(format_failure_summary(name, failures).c_str(), stderr);
-    return exit_code_for(failures);
+    RoundEvent ev = out.event;
+    if (out.kind == Outcome::Kind::local_failure) {
+      workers.stop(grace);  // the others were stopped by us: not failures of their own
+      pump.drain();
+      for (auto& f : out.failures) {
+        if (!f.error_file.empty()) f.reported = read_error_file(f.error_file);
+      }
+      std::sort(out.failures.begin(), out.failures.end(),
+                [](const Failure& a, const Failure& b) { return a.time() < b.time(); });
+      const Failure& first = out.failures.front();
+      RoundEvent ours;
+      ours.kind = RoundEvent::Kind::failure;
+      ours.host = host;
+      ours.group_rank = round.group_rank;
+      ours.global_rank = first.global_rank;
+      ours.local_rank = first.exit.local_rank;
+      ours.exit_code = exit_code_for(out.failures);
+      ours.what = first.exit.signal != 0 ? first.exit.describe()
+                                         : "exit code " + first.exit.describe();
+      ev = rdzv.end_round(round, ours, restarts_left);
+      if (!restarts_left) {
+        std::fputs(format_failure_summary(config.entrypoint, out.failures).c_str(), stderr);
+        return exit_code_for(out.failures);
+      }
+    } else if (ev.kind == RoundEvent::Kind::done) {
+      pump.drain();
+      rdzv.leave(round);
+      if (rs.server) rdzv.wait_all_left(round, milliseconds(10000));
+      logs.remove_if_temporary();
+      return 0;
+    } else {
+      workers.stop(grace);
+      pump.drain();
+    }
+    // A failure or a stop elsewhere (or ours, with restarts left): the next round.
+    if (ev.kind == RoundEvent::Kind::failure) {
+      if (!restarts_left) {
+        std::fprintf(stderr, "ddprun: stopping: %s; no restarts left (--max-restarts=%d)\n",
+                     ev.describe().c_str(), config.max_restarts);
+        return ev.exit_code != 0 ? ev.exit_code : 1;
+      }
+      self.restart_count = round.restart_count + 1;
+      std::fprintf(stderr, "ddprun: %s; restarting the workers of every node, restart %d of %d\n",
+                   ev.describe().c_str(), self.restart_count, config.max_restarts);
+    } else {
+      self.restart_count = round.restart_count;  // not a failure: not counted
+      std::fprintf(stderr, "ddprun: %s; re-forming the job\n", ev.describe().c_str());
+    }
+    self.prev_group_rank = round.group_rank;
+    hint = round.number + 1;
   }
 }
 

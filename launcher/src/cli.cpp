@@ -48,7 +48,11 @@ constexpr Spec kSpecs[] = {
     {"event_log_handler", "--event-log-handler,--event_log_handler", false},
     {"logs_specs", "--logs-specs,--logs_specs", false},
     {"numa_binding", "--numa-binding,--numa_binding", false},
+    // ddprun's own: the console prefix of worker lines ("" for raw lines).
+    {"log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template", false},
 };
+
+constexpr const char* kUnset = "\x01unset";
 
 std::string upper(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -128,12 +132,16 @@ std::string random_run_id() {
   std::string id;
   for (int i = 0; i < 32; ++i) {
     if (i == 8 || i == 12 || i == 16 || i == 20) id.push_back('-');
-    id.push_back(hex[rng() & 15]);
+    auto nibble = rng() & 15;
+    if (i == 12) nibble = 4;                   // version 4 (random), as Python's uuid4()
+    if (i == 16) nibble = 8 | (nibble & 3);    // the RFC 4122 variant
+    id.push_back(hex[nibble]);
   }
   return id;
 }
 
-void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>& raw) {
+void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>& raw,
+                       const std::map<std::string, std::string>& env) {
   auto nn = split(raw.at("nnodes"), ':');
   if (nn.empty() || nn.size() > 2) {
     throw ConfigError("--nnodes: '" + raw.at("nnodes") + "' is not N or MIN:MAX");
@@ -169,6 +177,11 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
       throw ConfigError("--rdzv-conf: '" + kv + "' is not KEY=VALUE");
     }
     c.rdzv_conf[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (raw.at("log_line_prefix_template") != kUnset) {
+    c.log_line_prefix_template = raw.at("log_line_prefix_template");
+  } else if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
+    c.log_line_prefix_template = it->second;
   }
   c.redirects = parse_std(raw.at("redirects"), "--redirects");
   c.tee = parse_std(raw.at("tee"), "--tee");
@@ -249,7 +262,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                                             {"signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
                                             {"event_log_handler", "null"},
                                             {"logs_specs", ""},
-                                            {"numa_binding", ""}};
+                                            {"numa_binding", ""},
+                                            {"log_line_prefix_template", kUnset}};
   CLI::App app{"ddprun: a torchrun-compatible launcher", "ddprun"};
   app.prefix_command();  // the first positional is the entrypoint; the rest are its arguments
   app.allow_extras(false);
@@ -336,7 +350,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       c.entrypoint = rest.front();
       c.args.assign(rest.begin() + 1, rest.end());
     }
-    validate_and_fill(c, raw);
+    validate_and_fill(c, raw, env);
     result.config = std::move(c);
   } catch (const CLI::CallForHelp&) {
     result.message = app.help();

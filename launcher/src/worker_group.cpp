@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 
 #include "ddp/proto/error.hpp"
 
@@ -28,8 +29,10 @@ const char* signal_name(int sig) {
 
 // Runs in the child between fork and exec: only async-signal-safe calls.
 [[noreturn]] void exec_child(const std::vector<char*>& argv, const std::vector<char*>& envp,
-                             pid_t parent, int err_fd) {
+                             pid_t parent, int err_fd, int out_fd, int errout_fd) {
   ::setpgid(0, 0);
+  if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
+  if (errout_fd >= 0) ::dup2(errout_fd, STDERR_FILENO);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
   sigset_t none;
@@ -79,7 +82,7 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
       stop(std::chrono::milliseconds(0), SIGKILL);
       throw IoError("fork failed: " + std::string(std::strerror(e)));
     }
-    if (pid == 0) exec_child(argv, envp, self, pipefd[1]);
+    if (pid == 0) exec_child(argv, envp, self, pipefd[1], spec.stdout_fd, spec.stderr_fd);
     ::close(pipefd[1]);
     ::setpgid(pid, pid);  // also from the parent, so the group exists before any killpg
     int exec_errno = 0;
@@ -162,6 +165,21 @@ std::vector<WorkerExit> WorkerGroup::stop(std::chrono::milliseconds grace, int s
   // A group may hold grandchildren after its leader is gone: clear them out too.
   for (pid_t g : groups) ::killpg(g, SIGKILL);
   return exits;
+}
+
+std::vector<int> WorkerGroup::live_pidfds() const {
+  std::vector<int> out;
+  for (const auto& w : workers_) {
+    if (!w.done) out.push_back(w.pidfd);
+  }
+  return out;
+}
+
+WorkerExit WorkerGroup::reap_pidfd(int pidfd) {
+  for (auto& w : workers_) {
+    if (w.pidfd == pidfd && !w.done) return reap(w);
+  }
+  throw std::logic_error("reap_pidfd: no running worker has pidfd " + std::to_string(pidfd));
 }
 
 std::size_t WorkerGroup::running() const {

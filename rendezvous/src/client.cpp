@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -74,11 +75,24 @@ StoreClient::StoreClient(std::string host, std::uint16_t port, ClientOptions opt
     : host_(std::move(host)), port_(port), opts_(options) {
   endpoint_ = (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" +
               std::to_string(port_);
-  connect();
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) DDP_THROW(IoError, std::string("eventfd failed: ") + std::strerror(errno));
+  try {
+    connect();
+  } catch (...) {
+    ::close(wake_fd_);
+    throw;
+  }
 }
 
 StoreClient::~StoreClient() {
   if (fd_ >= 0) ::close(fd_);
+  ::close(wake_fd_);
+}
+
+void StoreClient::interrupt() {
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
 }
 
 void StoreClient::connect() {
@@ -166,8 +180,9 @@ void StoreClient::send_request() {
 
 bool StoreClient::wait_readable(Clock::time_point deadline) {
   while (true) {
-    pollfd p{fd_, POLLIN, 0};
-    int r = ::poll(&p, 1, remaining_ms(deadline));
+    pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int r = ::poll(p, 2, remaining_ms(deadline));
+    if (r > 0 && p[1].revents != 0) broken("interrupted");
     if (r > 0) return true;
     if (r == 0) return false;
     if (errno != EINTR) broken(std::string("poll failed: ") + std::strerror(errno));

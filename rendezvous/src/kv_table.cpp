@@ -50,7 +50,7 @@ void KvTable::charge(std::int64_t delta, std::string_view key) {
 void KvTable::set(std::string_view key, std::string_view value, Woken& woken) {
   auto it = kv_.find(key);
   if (it == kv_.end()) {
-    charge(entry_bytes(key, value), key);
+    charge(static_cast<std::int64_t>(entry_bytes(key, value)), key);
     kv_.emplace(std::string(key), std::string(value));
   } else {
     charge(signed_diff(value.size(), it->second.size()), key);
@@ -65,7 +65,7 @@ std::string KvTable::compare_set(std::string_view key, std::string_view expected
   auto it = kv_.find(key);
   if (it == kv_.end()) {
     if (!expected.empty()) return std::string(expected);
-    charge(entry_bytes(key, desired), key);
+    charge(static_cast<std::int64_t>(entry_bytes(key, desired)), key);
     kv_.emplace(std::string(key), std::string(desired));
     changed(key, woken);
     return std::string(desired);
@@ -101,7 +101,7 @@ std::int64_t KvTable::add(std::string_view key, std::int64_t delta, Woken& woken
   }
   std::string text = std::to_string(next);
   if (it == kv_.end()) {
-    charge(entry_bytes(key, text), key);
+    charge(static_cast<std::int64_t>(entry_bytes(key, text)), key);
     kv_.emplace(std::string(key), std::move(text));
   } else {
     charge(signed_diff(text.size(), it->second.size()), key);
@@ -114,7 +114,7 @@ std::int64_t KvTable::add(std::string_view key, std::int64_t delta, Woken& woken
 void KvTable::append(std::string_view key, std::string_view data, Woken& woken) {
   auto it = kv_.find(key);
   if (it == kv_.end()) {
-    charge(entry_bytes(key, data), key);
+    charge(static_cast<std::int64_t>(entry_bytes(key, data)), key);
     kv_.emplace(std::string(key), std::string(data));
   } else {
     charge(static_cast<std::int64_t>(data.size()), key);
@@ -146,7 +146,7 @@ bool KvTable::exists(std::string_view key) const {
 }
 
 void KvTable::queue_push(std::string_view key, std::string_view value, Woken& woken) {
-  charge(entry_bytes(key, value), key);
+  charge(static_cast<std::int64_t>(entry_bytes(key, value)), key);
   auto it = queues_.find(key);
   if (it == queues_.end()) it = queues_.emplace(std::string(key), std::deque<std::string>{}).first;
   it->second.emplace_back(value);

@@ -46,6 +46,9 @@ struct LaunchConfig {
   StdSpec redirects;
   StdSpec tee;
   std::vector<int> local_ranks_filter;  // empty: every rank's console output
+  // Console prefix of worker lines: --log-line-prefix-template, else torchrun's
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "[${role_name}${local_rank}]:". "" = raw.
+  std::optional<std::string> log_line_prefix_template;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 29500;

@@ -17,6 +17,8 @@ namespace ddp::launch {
 struct WorkerSpec {
   std::vector<std::string> argv;
   EnvMap env;
+  int stdout_fd = -1;  // dup2'ed onto the worker's stdout/stderr; -1: inherit the agent's
+  int stderr_fd = -1;
 };
 
 struct WorkerExit {
@@ -50,6 +52,11 @@ class WorkerGroup {
   // SIGTERM (or `sig`) to all, up to `grace` for them to exit, then SIGKILL; reaps everything.
   // Returns the exits it collected.
   std::vector<WorkerExit> stop(std::chrono::milliseconds grace, int sig = 15);
+
+  // For an event loop that polls more than workers: the pidfds of running workers, and the
+  // exit of the worker whose pidfd became readable.
+  std::vector<int> live_pidfds() const;
+  WorkerExit reap_pidfd(int pidfd);
 
   std::size_t running() const;
   std::vector<pid_t> pids() const;

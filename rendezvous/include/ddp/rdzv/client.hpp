@@ -58,6 +58,10 @@ class StoreClient {
 
   const std::string& endpoint() const { return endpoint_; }
 
+  // Safe from any thread: the request in progress (a long WAIT, typically) and every later
+  // reply fail with ddp::IoError "... interrupted". Used to stop a watcher thread.
+  void interrupt();
+
  private:
   void connect();
   void send_request();
@@ -79,6 +83,7 @@ class StoreClient {
   std::string endpoint_;
   ClientOptions opts_;
   int fd_ = -1;
+  int wake_fd_ = -1;  // eventfd, written by interrupt()
   std::string buf_;
   std::mutex mu_;
 };

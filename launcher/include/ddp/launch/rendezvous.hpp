@@ -1,0 +1,102 @@
+// The ddprun rendezvous over any TCPStore (a ddprund, or the store an agent hosts): numbered
+// rounds, each formed by a fixed number of nodes and ended by exactly one RoundEvent, which
+// every node watches with a server-side WAIT (no polling). Every agent makes O(1) store
+// operations per round whatever the number of nodes (one MULTI_GET reads the others'
+// descriptions). The key layout is in docs/launcher.md ("Rendezvous keys").
+//
+// The elastic parts (MIN:MAX rounds, leases for liveness, scale up and down) extend this
+// class in issue 4; the agent loop already treats every restart as "join the next round".
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/launch/round.hpp"
+#include "ddp/rdzv/client.hpp"
+
+namespace ddp::launch {
+
+struct RendezvousOptions {
+  std::string run_id = "none";
+  int nnodes = 1;              // nodes that form a round
+  bool by_node_rank = false;   // static backend: group rank = --node-rank
+  std::chrono::milliseconds join_timeout{600000};
+};
+
+// What a formed round tells this node.
+struct Round {
+  int number = 0;
+  int group_rank = 0;
+  int group_world_size = 1;
+  int restart_count = 0;
+  std::vector<NodeDesc> nodes;  // in group-rank order
+};
+
+class Rendezvous {
+ public:
+  Rendezvous(rdzv::StoreClient& store, RendezvousOptions options);
+
+  // Joins round `hint` (or the job's current round when hint < 0) and blocks until it has
+  // formed. Throws ddp::TimeoutError after join_timeout, ddp::ConfigError when the run id has
+  // already finished or a static node rank is taken twice.
+  Round next_round(const NodeDesc& self, int hint = -1);
+
+  // The workers' store of a round, published by group rank 0 and read by the others.
+  void publish_master(const Round& round, const std::string& addr, std::uint16_t port);
+  std::pair<std::string, std::uint16_t> master(const Round& round);
+
+  // Posts `event` as the round's outcome unless another was posted first; returns the one
+  // that holds. A failure or signal that leaves restarts opens the next round.
+  RoundEvent end_round(const Round& round, const RoundEvent& event, bool reopen);
+
+  // This node's workers all succeeded; the last node to finish posts "done".
+  void finished(const Round& round, const std::string& host, int group_rank);
+
+  // The store host must outlive the other agents' last request: each agent says it is
+  // leaving; the host waits (bounded) until all have.
+  void leave(const Round& round);
+  void wait_all_left(const Round& round, std::chrono::milliseconds timeout);
+
+  std::string event_key(const Round& round) const;
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  std::string key(int round, const std::string& name) const;
+
+  rdzv::StoreClient& store_;
+  RendezvousOptions opts_;
+  std::string prefix_;
+};
+
+// Watches one round's event key on a connection of its own (the WAIT blocks it) and makes an
+// eventfd readable when the event is posted or the store is lost, so the agent can poll it
+// together with its workers' pidfds and its signalfd.
+class EventWatcher {
+ public:
+  EventWatcher(const std::string& host, std::uint16_t port, std::string key);
+  ~EventWatcher();  // interrupts the WAIT and joins
+  EventWatcher(const EventWatcher&) = delete;
+  EventWatcher& operator=(const EventWatcher&) = delete;
+
+  int fd() const { return efd_; }
+  // After fd() became readable: the event, or nullopt with error() saying why the watch ended.
+  std::optional<RoundEvent> event() const;
+  std::string error() const;
+
+ private:
+  void run(std::string key);
+
+  std::unique_ptr<rdzv::StoreClient> client_;
+  int efd_ = -1;
+  mutable std::mutex mu_;
+  std::optional<RoundEvent> event_;
+  std::string error_;
+  std::thread thread_;
+};
+
+}  // namespace ddp::launch

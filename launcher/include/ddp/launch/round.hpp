@@ -1,0 +1,55 @@
+// The pure parts of a rendezvous round: what each node publishes about itself (NodeDesc), the
+// order that gives group ranks, and the round's single outcome (RoundEvent: done, a failure,
+// or a stop signal). Text encodings are JSON so a person can read them with `ddpstore get`.
+// No sockets here: rendezvous.cpp moves these through the store; the unit tests call them.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::launch {
+
+struct NodeDesc {
+  std::string host;     // hostname, shown in messages and summaries
+  std::string addr;     // where this node's workers' store would listen (--local-addr or host)
+  int pid = 0;          // the agent's pid: tells apart agents on one host
+  int nproc = 1;        // local world size
+  std::string role = "default";
+  int node_rank = -1;        // --node-rank for the static backend, else -1
+  int prev_group_rank = -1;  // the group rank this node had in the previous round, else -1
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT this node expects for the round
+};
+
+std::string encode(const NodeDesc& node);
+// Throws ddp::ProtocolError naming what is wrong with `text`.
+NodeDesc decode_node(std::string_view text);
+
+// Indices into `nodes` in group-rank order. Static: by --node-rank. Otherwise nodes that had a
+// group rank keep their relative order (ranks stay stable across rounds where they can), and
+// new nodes follow, sorted by (host, pid) as torch sorts its participants.
+std::vector<int> group_rank_order(const std::vector<NodeDesc>& nodes, bool by_node_rank);
+
+// The restart count of a round: the highest any node expects (a node that just joined the job
+// expects 0, the nodes that lived through a failed round expect one more than before).
+int round_restart_count(const std::vector<NodeDesc>& nodes);
+
+struct RoundEvent {
+  enum class Kind { done, failure, signal };
+  Kind kind = Kind::done;
+  std::string host;     // the node that posted it
+  int group_rank = -1;  // its group rank
+  int global_rank = -1;  // failure: the failed worker's rank
+  int local_rank = -1;
+  int exit_code = 0;  // failure: ddprun's exit code for it (code, or 128 + signal)
+  int signal = 0;     // signal: the signal the agent received
+  std::string what;   // failure: "exitcode 3" / "Signal 9 (SIGKILL)"
+
+  // One line for the other nodes' logs.
+  std::string describe() const;
+};
+
+std::string encode(const RoundEvent& event);
+RoundEvent decode_event(std::string_view text);  // throws ddp::ProtocolError
+
+}  // namespace ddp::launch

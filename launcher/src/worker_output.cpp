@@ -1,0 +1,242 @@
+// Worker output routing and the prefixing pump (see worker_output.hpp).
+#include "ddp/launch/worker_output.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+namespace fs = std::filesystem;
+namespace {
+
+void write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // a closed console loses output, never the job
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+std::string random_suffix() {
+  static const char* chars = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(chars[rng() % 37]);
+  return s;
+}
+
+int open_log(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
+  if (fd < 0) throw IoError("cannot create the log file " + path + ": " + std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+std::string expand_prefix(const std::string& tmpl, const PrefixVars& v) {
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size(); ++i) {
+    if (tmpl[i] != '$' || i + 1 >= tmpl.size() || tmpl[i + 1] != '{') {
+      out.push_back(tmpl[i]);
+      continue;
+    }
+    auto end = tmpl.find('}', i);
+    if (end == std::string::npos) {
+      throw ConfigError("log line prefix template '" + tmpl + "': '${' without '}'");
+    }
+    std::string name = tmpl.substr(i + 2, end - i - 2);
+    if (name == "role_name") {
+      out += v.role_name;
+    } else if (name == "local_rank") {
+      out += std::to_string(v.local_rank);
+    } else if (name == "rank") {
+      out += std::to_string(v.rank);
+    } else if (name == "group_rank") {
+      out += std::to_string(v.group_rank);
+    } else if (name == "host") {
+      out += v.host;
+    } else {
+      throw ConfigError("log line prefix template '" + tmpl + "': unknown ${" + name +
+                        "} (known: role_name, local_rank, rank, group_rank, host)");
+    }
+    i = end;
+  }
+  return out;
+}
+
+RunLogDir::RunLogDir(const std::string& log_dir, const std::string& run_id) {
+  if (log_dir == "/dev/null") return;
+  std::string base = log_dir;
+  if (base.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/torchelastic_XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw IoError("cannot create a temporary log directory " + tmpl + ": " +
+                    std::strerror(errno));
+    }
+    base = tmpl;
+    temp_base_ = tmpl;
+    temporary_ = true;
+  }
+  root_ = base + "/" + run_id + "_" + random_suffix();
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) throw IoError("cannot create the log directory " + root_ + ": " + ec.message());
+}
+
+std::string RunLogDir::make_attempt(int attempt, int nproc) const {
+  if (!enabled()) return "";
+  std::string dir = root_ + "/attempt_" + std::to_string(attempt);
+  for (int r = 0; r < nproc; ++r) {
+    std::error_code ec;
+    fs::create_directories(dir + "/" + std::to_string(r), ec);
+    if (ec) throw IoError("cannot create the log directory " + dir + ": " + ec.message());
+  }
+  return dir;
+}
+
+void RunLogDir::remove_if_temporary() const {
+  if (!temporary_) return;
+  std::error_code ec;
+  fs::remove_all(temp_base_, ec);
+}
+
+OutputPump::OutputPump(int console_out, int console_err)
+    : console_out_(console_out), console_err_(console_err) {}
+
+OutputPump::~OutputPump() {
+  after_start();
+  for (auto& [fd, s] : streams_) close_stream(s);
+}
+
+int OutputPump::route(int local_rank, bool is_err, const std::string& prefix, bool to_file,
+                      bool tee, bool on_console, const std::string& path) {
+  (void)local_rank;
+  const bool console = on_console && (!to_file || tee);
+  const int console_fd = is_err ? console_err_ : console_out_;
+  if (!to_file && console && prefix.empty()) return -1;  // inherit: nothing to add
+  int file_fd = to_file ? open_log(path) : -1;
+  if (!console) {
+    if (file_fd >= 0) {
+      child_ends_.push_back(file_fd);
+      return file_fd;
+    }
+    int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    child_ends_.push_back(null_fd);
+    return null_fd;
+  }
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) {
+    if (file_fd >= 0) ::close(file_fd);
+    throw IoError(std::string("pipe2 failed: ") + std::strerror(errno));
+  }
+  ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
+  Stream s;
+  s.read_fd = p[0];
+  s.console_fd = console_fd;
+  s.file_fd = file_fd;
+  s.prefix = prefix;
+  streams_[p[0]] = std::move(s);
+  child_ends_.push_back(p[1]);
+  return p[1];
+}
+
+void OutputPump::attach(WorkerSpec& spec, int local_rank, const std::string& prefix,
+                        Std redirect, Std tee, bool on_console, const std::string& rank_dir) {
+  auto has = [](Std s, Std bit) {
+    return (static_cast<unsigned>(s) & static_cast<unsigned>(bit)) != 0;
+  };
+  const bool files = !rank_dir.empty();
+  for (bool is_err : {false, true}) {
+    Std bit = is_err ? Std::err : Std::out;
+    bool t = has(tee, bit);
+    bool to_file = files && (has(redirect, bit) || t);
+    int fd = route(local_rank, is_err, prefix, to_file, t, on_console,
+                   rank_dir + (is_err ? "/stderr.log" : "/stdout.log"));
+    (is_err ? spec.stderr_fd : spec.stdout_fd) = fd;
+  }
+}
+
+void OutputPump::after_start() {
+  for (int fd : child_ends_) ::close(fd);
+  child_ends_.clear();
+}
+
+std::vector<int> OutputPump::fds() const {
+  std::vector<int> out;
+  for (const auto& [fd, s] : streams_) out.push_back(fd);
+  return out;
+}
+
+bool OutputPump::pump(Stream& s) {
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(s.read_fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    if (n == 0) return false;
+    const auto len = static_cast<std::size_t>(n);
+    if (s.file_fd >= 0) write_all(s.file_fd, buf, len);
+    if (s.console_fd < 0) continue;
+    s.pending.append(buf, len);
+    emit(s, /*all=*/false);
+    if (len < sizeof(buf)) return true;
+  }
+}
+
+// Writes the pending console text up to its last line end ('\n', or '\r' so progress bars
+// keep moving), with a prefix at every line start: one write per batch of whole lines.
+void OutputPump::emit(Stream& s, bool all) {
+  auto cut = s.pending.find_last_of("\n\r");
+  std::size_t upto = all || s.pending.size() >= 4096 ? s.pending.size()
+                     : cut == std::string::npos    ? 0
+                                                   : cut + 1;
+  if (upto == 0) return;
+  std::string out;
+  out.reserve(upto + 64);
+  for (std::size_t i = 0; i < upto; ++i) {
+    if (s.at_line_start) out += s.prefix;
+    out.push_back(s.pending[i]);
+    s.at_line_start = s.pending[i] == '\n' || s.pending[i] == '\r';
+  }
+  s.pending.erase(0, upto);
+  write_all(s.console_fd, out.data(), out.size());
+}
+
+void OutputPump::close_stream(Stream& s) {
+  if (s.read_fd >= 0) ::close(s.read_fd);
+  if (s.file_fd >= 0) ::close(s.file_fd);
+  if (s.console_fd >= 0) emit(s, /*all=*/true);
+  // A worker that died mid-line: end the line so the next output starts clean.
+  if (!s.at_line_start && s.console_fd >= 0) write_all(s.console_fd, "\n", 1);
+  s.read_fd = s.file_fd = -1;
+}
+
+void OutputPump::on_readable(int fd) {
+  auto it = streams_.find(fd);
+  if (it == streams_.end()) return;
+  if (!pump(it->second)) {
+    close_stream(it->second);
+    streams_.erase(it);
+  }
+}
+
+void OutputPump::drain() {
+  for (auto& [fd, s] : streams_) {
+    pump(s);
+    close_stream(s);
+  }
+  streams_.clear();
+}
+
+}  // namespace ddp::launch
