@@ -332,7 +332,15 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       args.push_back(long_name(s) + "=" + it->second);
     }
   }
-  for (std::size_t i = 1; i < argv.size(); ++i) args.push_back(argv[i]);
+  for (std::size_t i = 1; i < argv.size(); ++i) {
+    // CLI11 reads "--opt=" (empty) as "take the next argument"; an empty template is valid.
+    if (argv[i] == "--log-line-prefix-template=" || argv[i] == "--log_line_prefix_template=") {
+      args.push_back(argv[i].substr(0, argv[i].size() - 1));
+      args.emplace_back();
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
 
   ParseResult result;
   try {

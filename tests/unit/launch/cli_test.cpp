@@ -167,6 +167,20 @@ TEST_CASE("standalone picks c10d on a free local port with a fresh run id", "[un
   CHECK(a.endpoint().port == 0);
   CHECK(a.rdzv_id.size() == 36);
   CHECK(a.rdzv_id != b.rdzv_id);  // two standalone jobs on one host never share a store
+  CHECK(a.rdzv_id[14] == '4');     // a version 4 UUID, as torchrun's uuid4()
+  CHECK(std::string("89ab").find(a.rdzv_id[19]) != std::string::npos);
+}
+
+TEST_CASE("the log line prefix: flag, then torchrun's env template, else unset", "[unit][launch]") {
+  CHECK_FALSE(ok({"x"}).log_line_prefix_template.has_value());
+  Env env{{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}|"}};
+  CHECK(ok({"x"}, env).log_line_prefix_template == "${rank}|");
+  CHECK(ok({"--log-line-prefix-template", "", "x"}, env).log_line_prefix_template == "");
+  auto empty = ok({"--log-line-prefix-template=", "--standalone", "x"}, env);
+  CHECK(empty.log_line_prefix_template == "");
+  CHECK(empty.standalone);
+  CHECK(ok({"--log_line_prefix_template", "<${host}>", "x"}).log_line_prefix_template ==
+        "<${host}>");
 }
 
 TEST_CASE("rendezvous endpoints: default ports, IPv6, errors", "[unit][launch]") {

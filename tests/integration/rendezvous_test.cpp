@@ -1,0 +1,174 @@
+// The ddprun rendezvous against the real store server: N agents (threads, each with its own
+// connection) form one round with distinct group ranks; exactly one event ends a round however
+// many nodes post at once; the watcher sees it; a full round turns a latecomer into a spare
+// that learns the run id is used up; a static node rank claimed twice is named; a round that
+// never fills times out with the count; and the store operations per agent do not grow with N.
+#include "ddp/launch/rendezvous.hpp"
+
+#include <poll.h>
+
+#include <catch2/catch.hpp>
+#include <set>
+#include <thread>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/server.hpp"
+
+using namespace ddp::launch;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Store {
+  ddp::rdzv::StoreServer server;
+  Store() : server([] {
+    ddp::rdzv::ServerOptions o;
+    o.threads = 2;
+    return o;
+  }()) {
+    server.start();
+  }
+  std::unique_ptr<ddp::rdzv::StoreClient> client() {
+    ddp::rdzv::ClientOptions o;
+    o.timeout = 10s;
+    o.connect_timeout = 5s;
+    return std::make_unique<ddp::rdzv::StoreClient>("127.0.0.1", server.port(), o);
+  }
+};
+
+NodeDesc desc(int i, int node_rank = -1) {
+  NodeDesc n;
+  n.host = std::string("h").append(std::to_string(i % 3));
+  n.addr = n.host;
+  n.pid = 1000 + i;
+  n.nproc = 2;
+  n.node_rank = node_rank;
+  return n;
+}
+
+// Forms one round with n agents at once; returns each agent's view.
+std::vector<Round> form(Store& s, int n, const std::string& id, bool by_node_rank = false) {
+  std::vector<Round> rounds(static_cast<std::size_t>(n));
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i) {
+    ts.emplace_back([&, i] {
+      auto c = s.client();
+      Rendezvous r(*c, {id, n, by_node_rank, 10s});
+      rounds[static_cast<std::size_t>(i)] = r.next_round(desc(i, by_node_rank ? n - 1 - i : -1));
+    });
+  }
+  for (auto& t : ts) t.join();
+  return rounds;
+}
+
+}  // namespace
+
+TEST_CASE("agents form one round with distinct group ranks", "[integration][launch]") {
+  Store s;
+  auto rounds = form(s, 5, "job");
+  std::set<int> ranks;
+  for (const auto& r : rounds) {
+    ranks.insert(r.group_rank);
+    CHECK(r.number == 0);
+    CHECK(r.group_world_size == 5);
+    CHECK(r.restart_count == 0);
+    REQUIRE(r.nodes.size() == 5);
+    CHECK(r.nodes[static_cast<std::size_t>(r.group_rank)].pid == rounds[0].nodes[static_cast<std::size_t>(r.group_rank)].pid);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2, 3, 4});
+  // torch's order for a first round: by host, then pid
+  for (std::size_t i = 1; i < rounds[0].nodes.size(); ++i) {
+    const auto& a = rounds[0].nodes[i - 1];
+    const auto& b = rounds[0].nodes[i];
+    CHECK(std::tie(a.host, a.pid) < std::tie(b.host, b.pid));
+  }
+}
+
+TEST_CASE("static rounds rank by node rank; a node rank claimed twice is named",
+          "[integration][launch]") {
+  Store s;
+  auto rounds = form(s, 3, "static", true);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(rounds[i].group_rank == 2 - static_cast<int>(i));
+  auto a = s.client();
+  auto b = s.client();
+  Rendezvous ra(*a, {"twice", 2, true, 2s});
+  Rendezvous rb(*b, {"twice", 2, true, 2s});
+  std::thread t([&] { CHECK_THROWS_AS(ra.next_round(desc(0, 1)), ddp::TimeoutError); });
+  std::this_thread::sleep_for(50ms);  // order only; the assertion does not depend on timing
+  CHECK_THROWS_WITH(rb.next_round(desc(1, 1)), Catch::Contains("--node-rank=1 is already taken"));
+  t.join();
+}
+
+TEST_CASE("one event ends a round, whoever posts", "[integration][launch]") {
+  Store s;
+  auto rounds = form(s, 4, "ev");
+  auto wc = s.client();
+  Rendezvous w(*wc, {"ev", 4, false, 10s});
+  EventWatcher watcher("127.0.0.1", s.server.port(), w.event_key(rounds[0]));
+  std::vector<RoundEvent> held(4);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.emplace_back([&, i] {
+      auto c = s.client();
+      Rendezvous r(*c, {"ev", 4, false, 10s});
+      RoundEvent e;
+      e.kind = RoundEvent::Kind::failure;
+      e.host = std::string("h").append(std::to_string(i));
+      e.exit_code = 10 + i;
+      held[static_cast<std::size_t>(i)] = r.end_round(rounds[static_cast<std::size_t>(i)], e, true);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (const auto& e : held) CHECK(e.exit_code == held[0].exit_code);
+  pollfd p{watcher.fd(), POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 5000) == 1);
+  REQUIRE(watcher.event().has_value());
+  CHECK(watcher.event()->exit_code == held[0].exit_code);
+  // The winner opened round 1 for agents that start afresh.
+  CHECK(wc->add("/ddprun/ev/round", 0) == 1);
+}
+
+TEST_CASE("a finished run id turns a latecomer away with a message", "[integration][launch]") {
+  Store s;
+  auto rounds = form(s, 2, "done");
+  for (int i = 0; i < 2; ++i) {
+    auto c = s.client();
+    Rendezvous r(*c, {"done", 2, false, 10s});
+    r.finished(rounds[static_cast<std::size_t>(i)], "h", i);
+  }
+  auto c = s.client();
+  Rendezvous late(*c, {"done", 2, false, 5s});
+  CHECK_THROWS_WITH(late.next_round(desc(9)), Catch::Contains("already finished") &&
+                                                  Catch::Contains("choose another --rdzv-id"));
+}
+
+TEST_CASE("a round that never fills times out with the count", "[integration][launch]") {
+  Store s;
+  auto c = s.client();
+  Rendezvous r(*c, {"lonely", 3, false, 300ms});
+  CHECK_THROWS_WITH(r.next_round(desc(0)), Catch::Contains("only 1 of 3 nodes joined round 0"));
+}
+
+TEST_CASE("an interrupted client stops its wait at once", "[integration][launch]") {
+  Store s;
+  auto c = s.client();
+  std::thread t([&] { std::this_thread::sleep_for(50ms), c->interrupt(); });
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(c->wait({"never"}, 30s), Catch::Contains("interrupted"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);  // bound, not a timing claim
+  t.join();
+}
+
+TEST_CASE("store operations per agent do not grow with the node count", "[integration][launch]") {
+  std::vector<double> per_agent;
+  for (int n : {2, 8, 32}) {
+    Store s;
+    auto rounds = form(s, n, "ops");
+    // requests = n * (VALIDATE, HELLO; ADD round, ADD joined, SET node, ADD ready, WAIT
+    // complete, WAIT + MULTI_GET nodes) + 1 (the last arriver sets "complete")
+    per_agent.push_back(static_cast<double>(s.server.stats().requests - 1) / n);
+  }
+  CHECK(per_agent[0] == per_agent[1]);
+  CHECK(per_agent[1] == per_agent[2]);
+  CHECK(per_agent[0] == 9);
+}
