@@ -255,6 +255,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       config.log_line_prefix_template ? *config.log_line_prefix_template : kDefaultPrefixTemplate;
   (void)expand_prefix(prefix_template, {});  // a bad template fails before anything starts
 
+  // A console that went away (ddprun ... | head) must not kill the agent and its job.
+  ::signal(SIGPIPE, SIG_IGN);
   const int sigfd = make_signalfd(config.signals_to_handle);
   RendezvousStore rs = open_rendezvous_store(config);
   rdzv::StoreClient store(rs.host, rs.port, co);
@@ -401,6 +403,16 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     }
 
     const bool restarts_left = round.restart_count < config.max_restarts;
+    // Leaving the job for good: the store's host stays until the others have left (bounded),
+    // so none of them loses the store in the middle of its last request.
+    auto depart = [&] {
+      try {
+        rdzv.leave(round);
+        if (rs.server) rdzv.wait_all_left(round, milliseconds(10000));
+      } catch (const Error&) {
+        // the store is gone already: nobody left to wait for
+      }
+    };
     if (out.kind == Outcome::Kind::signal) {
       std::fprintf(stderr, "ddprun: received signal %d (%s), forwarding it to the workers\n",
                    out.signal, strsignal(out.signal));
@@ -447,12 +459,12 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       ev = rdzv.end_round(round, ours, restarts_left);
       if (!restarts_left) {
         std::fputs(format_failure_summary(config.entrypoint, out.failures).c_str(), stderr);
+        depart();
         return exit_code_for(out.failures);
       }
     } else if (ev.kind == RoundEvent::Kind::done) {
       pump.drain();
-      rdzv.leave(round);
-      if (rs.server) rdzv.wait_all_left(round, milliseconds(10000));
+      depart();
       logs.remove_if_temporary();
       return 0;
     } else {
@@ -464,6 +476,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       if (!restarts_left) {
         std::fprintf(stderr, "ddprun: stopping: %s; no restarts left (--max-restarts=%d)\n",
                      ev.describe().c_str(), config.max_restarts);
+        depart();
         return ev.exit_code != 0 ? ev.exit_code : 1;
       }
       self.restart_count = round.restart_count + 1;

@@ -38,6 +38,9 @@ const char* signal_name(int sig) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGPIPE, &dfl, nullptr);  // the agent ignores it; exec would keep that
   ::execvpe(argv[0], argv.data(), envp.data());
   int e = errno;
   (void)!::write(err_fd, &e, sizeof(e));
