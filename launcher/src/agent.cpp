@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "ddp/launch/failure_report.hpp"
@@ -279,6 +280,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
   self.role = config.role;
   self.node_rank = is_static ? config.node_rank : -1;
   int hint = -1;
+  const bool solo = config.standalone && config.max_nodes == 1;
 
   while (true) {
     Round round;
@@ -287,10 +289,16 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     std::unique_ptr<rdzv::StoreServer> worker_store;
     GroupInfo g;
     {
-      SignalInterrupt on_signal(sigfd, store);
+      // Alone on a private store (--standalone, one node), nothing can block: no watcher
+      // threads, and the workers share the agent's store (each attempt has its own prefix).
+      std::optional<SignalInterrupt> on_signal;
+      if (!solo) on_signal.emplace(sigfd, store);
       try {
         round = rdzv.next_round(self, hint);
-        if (round.group_rank == 0) {
+        if (solo) {
+          g.master_addr = rs.host;
+          g.master_port = rs.port;
+        } else if (round.group_rank == 0) {
           worker_store = start_server(bind_address(self.addr), 0);
           g.master_addr = self.addr;
           g.master_port = worker_store->port();
@@ -302,9 +310,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
         std::fprintf(stderr, "ddprun: %s\n", e.what());
         return 1;
       } catch (const IoError& e) {
-        if (!on_signal.fired()) throw;
+        if (!on_signal || !on_signal->fired()) throw;
       }
-      if (on_signal.fired()) {
+      if (on_signal && on_signal->fired()) {
         int sig = read_signal(sigfd);
         std::fprintf(stderr, "ddprun: received signal %d (%s) during the rendezvous; stopping\n",
                      sig, strsignal(sig));
@@ -327,7 +335,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     g.run_id = config.rdzv_id;
     g.attempt_dir = logs.make_attempt(round.restart_count, nproc);
 
-    EventWatcher watcher(rs.host, rs.port, rdzv.event_key(round));
+    std::unique_ptr<EventWatcher> watcher;
+    if (!solo) watcher = std::make_unique<EventWatcher>(rs.host, rs.port, rdzv.event_key(round));
     OutputPump pump;
     std::vector<WorkerSpec> specs;
     for (int r = 0; r < nproc; ++r) {
@@ -348,7 +357,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     Outcome out{};
     bool decided = false, finished = false;
     while (!decided) {
-      std::vector<pollfd> fds{{sigfd, POLLIN, 0}, {watcher.fd(), POLLIN, 0}};
+      std::vector<pollfd> fds{{sigfd, POLLIN, 0}, {watcher ? watcher->fd() : -1, POLLIN, 0}};
       const auto pidfds = workers.live_pidfds();
       for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
       const auto outs = pump.fds();
@@ -389,14 +398,19 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       if (!finished && workers.running() == 0) {
         finished = true;  // every local worker exited 0: wait for the others' outcome
         rdzv.finished(round, host, round.group_rank);
+        if (solo) {
+          out.kind = Outcome::Kind::event;
+          out.event.kind = RoundEvent::Kind::done;
+          decided = true;
+        }
       }
-      if (fds[1].revents != 0) {
-        if (auto ev = watcher.event()) {
+      if (watcher && fds[1].revents != 0) {
+        if (auto ev = watcher->event()) {
           out.kind = Outcome::Kind::event;
           out.event = *ev;
         } else {
           out.kind = Outcome::Kind::store_lost;
-          out.error = watcher.error();
+          out.error = watcher->error();
         }
         decided = true;
       }

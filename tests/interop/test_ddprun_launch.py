@@ -64,7 +64,7 @@ def test_unmodified_pytorch_gloo_job(tmp_path):
 
 
 def test_exit_code_and_failure_summary():
-    p = ddprun("--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
+    p = ddprun("--standalone", "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
                'if [ "$LOCAL_RANK" = 1 ]; then exit 7; fi; exec sleep 30')
     assert p.returncode == 7
     assert "/bin/sh FAILED" in p.stderr
@@ -73,28 +73,28 @@ def test_exit_code_and_failure_summary():
 
 
 def test_signal_death_gives_128_plus_signal():
-    p = ddprun("--no-python", "/bin/sh", "-c", "kill -SEGV $$")
+    p = ddprun("--standalone", "--no-python", "/bin/sh", "-c", "kill -SEGV $$")
     assert p.returncode == 128 + signal.SIGSEGV
     assert "Signal 11 (SIGSEGV)" in p.stderr
 
 
 def test_restart_after_a_failure(tmp_path):
-    p = ddprun("--nproc-per-node=2", "--max-restarts=1", "--no-python", "/bin/sh", "-c",
+    p = ddprun("--standalone", "--nproc-per-node=2", "--max-restarts=1", "--no-python", "/bin/sh", "-c",
                'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RANK" = 0 ]; then exit 1; fi;'
                ' echo "attempt $TORCHELASTIC_RESTART_COUNT rank $LOCAL_RANK ok"')
     assert p.returncode == 0, p.stderr
-    assert "restarting the group, 1 of 1" in p.stderr
+    assert "restarting the workers of every node, restart 1 of 1" in p.stderr
     assert "attempt 1 rank 0 ok" in p.stdout and "attempt 1 rank 1 ok" in p.stdout
 
 
 def test_sigterm_is_forwarded_and_workers_stop(tmp_path):
     marker = tmp_path / "got_term"
     proc = subprocess.Popen(
-        [DDPRUN, "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
+        [DDPRUN, "--standalone", "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
          f'trap "echo $LOCAL_RANK >> {marker}; exit 0" TERM; echo up; while :; do sleep 0.05; done'],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "up"
-    assert proc.stdout.readline().strip() == "up"
+    assert sorted([proc.stdout.readline().strip(), proc.stdout.readline().strip()]) == \
+        ["[default0]:up", "[default1]:up"]
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -105,6 +105,12 @@ def test_bad_flags_exit_2():
     p = ddprun("--nproc-per-node=zero", "x.py")
     assert p.returncode == 2
     assert "--nproc-per-node" in p.stderr
-    p = ddprun("--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "x.py")
+    p = ddprun("--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "x.py")
     assert p.returncode == 2
-    assert "single-node" in p.stderr
+    assert "elastic MIN:MAX" in p.stderr
+    p = ddprun("--nnodes=2", "--node-rank=2", "x.py")
+    assert p.returncode == 2
+    assert "--node-rank=2 is not below --nnodes=2" in p.stderr
+    p = ddprun("--log-line-prefix-template=${nodename}", "--standalone", "x.py")
+    assert p.returncode == 2
+    assert "unknown ${nodename}" in p.stderr
