@@ -137,7 +137,15 @@ RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
   rs.host = ep.host;
   rs.port = ep.port;
   if (config.rdzv_backend == "static") {
-    if (config.node_rank == 0) rs.server = start_server(bind_address(ep.host), ep.port);
+    if (config.node_rank != 0) return rs;
+    try {
+      rs.server = start_server(bind_address(ep.host), ep.port);
+    } catch (const Error& e) {
+      throw ConfigError("--node-rank=0 hosts the rendezvous store on " + ep.host + ":" +
+                        std::to_string(ep.port) + ", but " + e.what() +
+                        "; is another agent running with --node-rank=0, or another job on "
+                        "this --master-port?");
+    }
     return rs;
   }
   auto it = config.rdzv_conf.find("is_host");
@@ -207,6 +215,33 @@ int read_signal(int sigfd) {
   return static_cast<int>(si.ssi_signo);
 }
 
+// Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
+// for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.
+// Returns null when a signal arrived (left unread for the caller).
+std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs,
+                                                 rdzv::ClientOptions co, int sigfd) {
+  const auto give_up = std::chrono::steady_clock::now() + co.connect_timeout;
+  while (true) {
+    auto left = std::chrono::duration_cast<milliseconds>(give_up -
+                                                         std::chrono::steady_clock::now());
+    auto slice = co;
+    slice.connect_timeout = std::clamp(left, milliseconds(1), milliseconds(1000));
+    try {
+      return std::make_unique<rdzv::StoreClient>(rs.host, rs.port, slice);
+    } catch (const Error& e) {
+      if (left <= milliseconds(1000)) {
+        throw IoError("cannot reach the rendezvous store at " + rs.host + ":" +
+                      std::to_string(rs.port) + " within the join timeout (" +
+                      std::to_string(co.connect_timeout.count() / 1000) + " s); is the node " +
+                      "that hosts it (node rank 0, or the endpoint's host) running? Last " +
+                      "error: " + e.what());
+      }
+    }
+    pollfd p{sigfd, POLLIN, 0};
+    if (::poll(&p, 1, 0) == 1) return nullptr;
+  }
+}
+
 // What ended one round's monitoring.
 struct Outcome {
   enum class Kind { local_failure, signal, event, store_lost } kind;
@@ -260,7 +295,14 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
   ::signal(SIGPIPE, SIG_IGN);
   const int sigfd = make_signalfd(config.signals_to_handle);
   RendezvousStore rs = open_rendezvous_store(config);
-  rdzv::StoreClient store(rs.host, rs.port, co);
+  auto store_ptr = connect_store(rs, co, sigfd);
+  if (!store_ptr) {
+    int sig = read_signal(sigfd);
+    std::fprintf(stderr, "ddprun: received signal %d (%s) while connecting to the rendezvous "
+                         "store; stopping\n", sig, strsignal(sig));
+    return 128 + sig;
+  }
+  rdzv::StoreClient& store = *store_ptr;
   Rendezvous rdzv(store, ro);
   RunLogDir logs(config.log_dir, config.rdzv_id);
   if (nproc > 1 && !agent_env.count("OMP_NUM_THREADS")) {
