@@ -158,8 +158,10 @@ RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
   } catch (const Error& e) {
     if (told) throw;  // is_host=true: hosting is required
     // Another agent on this machine hosts it (torch's fallback; issue 4 makes it stricter).
-    std::fprintf(stderr, "ddprun: the rendezvous store at %s:%u is hosted by another process; "
-                         "joining it as a client\n", ep.host.c_str(), ep.port);
+    std::fprintf(stderr,
+                 "ddprun: the rendezvous store at %s:%u is hosted by another process; "
+                 "joining it as a client\n",
+                 ep.host.c_str(), ep.port);
   }
   return rs;
 }
@@ -218,12 +220,12 @@ int read_signal(int sigfd) {
 // Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
 // for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.
 // Returns null when a signal arrived (left unread for the caller).
-std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs,
-                                                 rdzv::ClientOptions co, int sigfd) {
+std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv::ClientOptions co,
+                                                 int sigfd) {
   const auto give_up = std::chrono::steady_clock::now() + co.connect_timeout;
   while (true) {
-    auto left = std::chrono::duration_cast<milliseconds>(give_up -
-                                                         std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<milliseconds>(give_up - std::chrono::steady_clock::now());
     auto slice = co;
     slice.connect_timeout = std::clamp(left, milliseconds(1), milliseconds(1000));
     try {
@@ -283,7 +285,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
   ro.run_id = config.rdzv_id;
   ro.nnodes = config.max_nodes;
   ro.by_node_rank = is_static;
-  ro.join_timeout = seconds_setting(config.rdzv_conf, "join_timeout", 600, "--rdzv-conf join_timeout");
+  ro.join_timeout =
+      seconds_setting(config.rdzv_conf, "join_timeout", 600, "--rdzv-conf join_timeout");
   rdzv::ClientOptions co;
   co.timeout = seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout");
   co.connect_timeout = ro.join_timeout;
@@ -298,8 +301,10 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
   auto store_ptr = connect_store(rs, co, sigfd);
   if (!store_ptr) {
     int sig = read_signal(sigfd);
-    std::fprintf(stderr, "ddprun: received signal %d (%s) while connecting to the rendezvous "
-                         "store; stopping\n", sig, strsignal(sig));
+    std::fprintf(stderr,
+                 "ddprun: received signal %d (%s) while connecting to the rendezvous "
+                 "store; stopping\n",
+                 sig, strsignal(sig));
     return 128 + sig;
   }
   rdzv::StoreClient& store = *store_ptr;
@@ -314,7 +319,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
   const std::string host = hostname();
   NodeDesc self;
   self.host = host;
-  self.addr = !config.local_addr.empty() ? config.local_addr
+  self.addr = !config.local_addr.empty()                    ? config.local_addr
               : (config.standalone || is_loopback(rs.host)) ? "127.0.0.1"
                                                             : host;
   self.pid = static_cast<int>(::getpid());
@@ -489,8 +494,10 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     if (out.kind == Outcome::Kind::store_lost) {
       workers.stop(grace);
       pump.drain();
-      std::fprintf(stderr, "ddprun: lost the rendezvous store at %s:%u (%s); stopped the "
-                           "workers\n", rs.host.c_str(), rs.port, out.error.c_str());
+      std::fprintf(stderr,
+                   "ddprun: lost the rendezvous store at %s:%u (%s); stopped the "
+                   "workers\n",
+                   rs.host.c_str(), rs.port, out.error.c_str());
       return 1;
     }
     RoundEvent ev = out.event;
@@ -510,8 +517,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       ours.global_rank = first.global_rank;
       ours.local_rank = first.exit.local_rank;
       ours.exit_code = exit_code_for(out.failures);
-      ours.what = first.exit.signal != 0 ? first.exit.describe()
-                                         : "exit code " + first.exit.describe();
+      ours.what =
+          first.exit.signal != 0 ? first.exit.describe() : "exit code " + first.exit.describe();
       ev = rdzv.end_round(round, ours, restarts_left);
       if (!restarts_left) {
         std::fputs(format_failure_summary(config.entrypoint, out.failures).c_str(), stderr);

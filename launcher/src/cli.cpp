@@ -133,8 +133,8 @@ std::string random_run_id() {
   for (int i = 0; i < 32; ++i) {
     if (i == 8 || i == 12 || i == 16 || i == 20) id.push_back('-');
     auto nibble = rng() & 15;
-    if (i == 12) nibble = 4;                   // version 4 (random), as Python's uuid4()
-    if (i == 16) nibble = 8 | (nibble & 3);    // the RFC 4122 variant
+    if (i == 12) nibble = 4;                 // version 4 (random), as Python's uuid4()
+    if (i == 16) nibble = 8 | (nibble & 3);  // the RFC 4122 variant
     id.push_back(hex[nibble]);
   }
   return id;
@@ -274,9 +274,14 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                        ->capture_default_str();
   };
   auto text = [&](const Spec& s) {
-    opts[s.dest] = app.add_option(s.names, raw[s.dest])
-                       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
-                       ->capture_default_str();
+    auto* o =
+        app.add_option(s.names, raw[s.dest])->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    if (raw[s.dest] == kUnset) {
+      o->description("console prefix of worker lines; default [${role_name}${local_rank}]:");
+    } else {
+      o->capture_default_str();
+    }
+    opts[s.dest] = o;
   };
   auto flag = [&](const Spec& s, bool& target) { opts[s.dest] = app.add_flag(s.names, target); };
   for (const auto& s : kSpecs) {

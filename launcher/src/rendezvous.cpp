@@ -57,7 +57,8 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint) {
       }
       RoundEvent e = decode_event(ev);
       if (e.kind == RoundEvent::Kind::done) {
-        throw ConfigError("rendezvous '" + opts_.run_id + "' belongs to a job that already "
+        throw ConfigError("rendezvous '" + opts_.run_id +
+                          "' belongs to a job that already "
                           "finished; choose another --rdzv-id (under Slurm, the job id is a "
                           "good one) or start a new store");
       }
@@ -81,8 +82,8 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint) {
     } catch (const TimeoutError&) {
       throw TimeoutError("rendezvous '" + opts_.run_id + "': only " +
                          std::to_string(store_.add(key(r, "ready"), 0)) + " of " +
-                         std::to_string(opts_.nnodes) + " nodes joined round " +
-                         std::to_string(r) + " within the join timeout (" +
+                         std::to_string(opts_.nnodes) + " nodes joined round " + std::to_string(r) +
+                         " within the join timeout (" +
                          std::to_string(opts_.join_timeout.count() / 1000) +
                          " s); check that every node runs ddprun with the same --rdzv-endpoint "
                          "and --rdzv-id");

@@ -108,10 +108,10 @@ std::string RoundEvent::describe() const {
 }
 
 std::string encode(const RoundEvent& e) {
-  return json{{"kind", kind_name(e.kind)}, {"host", e.host},
+  return json{{"kind", kind_name(e.kind)},  {"host", e.host},
               {"group_rank", e.group_rank}, {"global_rank", e.global_rank},
               {"local_rank", e.local_rank}, {"exit_code", e.exit_code},
-              {"signal", e.signal},       {"what", e.what}}
+              {"signal", e.signal},         {"what", e.what}}
       .dump();
 }
 

@@ -151,8 +151,8 @@ int OutputPump::route(int local_rank, bool is_err, const std::string& prefix, bo
   return p[1];
 }
 
-void OutputPump::attach(WorkerSpec& spec, int local_rank, const std::string& prefix,
-                        Std redirect, Std tee, bool on_console, const std::string& rank_dir) {
+void OutputPump::attach(WorkerSpec& spec, int local_rank, const std::string& prefix, Std redirect,
+                        Std tee, bool on_console, const std::string& rank_dir) {
   auto has = [](Std s, Std bit) {
     return (static_cast<unsigned>(s) & static_cast<unsigned>(bit)) != 0;
   };
@@ -199,8 +199,8 @@ bool OutputPump::pump(Stream& s) {
 void OutputPump::emit(Stream& s, bool all) {
   auto cut = s.pending.find_last_of("\n\r");
   std::size_t upto = all || s.pending.size() >= 4096 ? s.pending.size()
-                     : cut == std::string::npos    ? 0
-                                                   : cut + 1;
+                     : cut == std::string::npos      ? 0
+                                                     : cut + 1;
   if (upto == 0) return;
   std::string out;
   out.reserve(upto + 64);

@@ -21,11 +21,12 @@ namespace {
 
 struct Store {
   ddp::rdzv::StoreServer server;
-  Store() : server([] {
-    ddp::rdzv::ServerOptions o;
-    o.threads = 2;
-    return o;
-  }()) {
+  Store()
+      : server([] {
+          ddp::rdzv::ServerOptions o;
+          o.threads = 2;
+          return o;
+        }()) {
     server.start();
   }
   std::unique_ptr<ddp::rdzv::StoreClient> client() {
@@ -73,7 +74,8 @@ TEST_CASE("agents form one round with distinct group ranks", "[integration][laun
     CHECK(r.group_world_size == 5);
     CHECK(r.restart_count == 0);
     REQUIRE(r.nodes.size() == 5);
-    CHECK(r.nodes[static_cast<std::size_t>(r.group_rank)].pid == rounds[0].nodes[static_cast<std::size_t>(r.group_rank)].pid);
+    CHECK(r.nodes[static_cast<std::size_t>(r.group_rank)].pid ==
+          rounds[0].nodes[static_cast<std::size_t>(r.group_rank)].pid);
   }
   CHECK(ranks == std::set<int>{0, 1, 2, 3, 4});
   // torch's order for a first round: by host, then pid

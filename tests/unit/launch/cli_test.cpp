@@ -167,7 +167,7 @@ TEST_CASE("standalone picks c10d on a free local port with a fresh run id", "[un
   CHECK(a.endpoint().port == 0);
   CHECK(a.rdzv_id.size() == 36);
   CHECK(a.rdzv_id != b.rdzv_id);  // two standalone jobs on one host never share a store
-  CHECK(a.rdzv_id[14] == '4');     // a version 4 UUID, as torchrun's uuid4()
+  CHECK(a.rdzv_id[14] == '4');    // a version 4 UUID, as torchrun's uuid4()
   CHECK(std::string("89ab").find(a.rdzv_id[19]) != std::string::npos);
 }
 

@@ -23,8 +23,8 @@ namespace ddp::launch {
 
 struct RendezvousOptions {
   std::string run_id = "none";
-  int nnodes = 1;              // nodes that form a round
-  bool by_node_rank = false;   // static backend: group rank = --node-rank
+  int nnodes = 1;             // nodes that form a round
+  bool by_node_rank = false;  // static backend: group rank = --node-rank
   std::chrono::milliseconds join_timeout{600000};
 };
 

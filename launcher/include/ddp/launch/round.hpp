@@ -11,10 +11,10 @@
 namespace ddp::launch {
 
 struct NodeDesc {
-  std::string host;     // hostname, shown in messages and summaries
-  std::string addr;     // where this node's workers' store would listen (--local-addr or host)
-  int pid = 0;          // the agent's pid: tells apart agents on one host
-  int nproc = 1;        // local world size
+  std::string host;  // hostname, shown in messages and summaries
+  std::string addr;  // where this node's workers' store would listen (--local-addr or host)
+  int pid = 0;       // the agent's pid: tells apart agents on one host
+  int nproc = 1;     // local world size
   std::string role = "default";
   int node_rank = -1;        // --node-rank for the static backend, else -1
   int prev_group_rank = -1;  // the group rank this node had in the previous round, else -1
@@ -37,8 +37,8 @@ int round_restart_count(const std::vector<NodeDesc>& nodes);
 struct RoundEvent {
   enum class Kind { done, failure, signal };
   Kind kind = Kind::done;
-  std::string host;     // the node that posted it
-  int group_rank = -1;  // its group rank
+  std::string host;      // the node that posted it
+  int group_rank = -1;   // its group rank
   int global_rank = -1;  // failure: the failed worker's rank
   int local_rank = -1;
   int exit_code = 0;  // failure: ddprun's exit code for it (code, or 128 + signal)

@@ -58,8 +58,8 @@ class OutputPump {
 
   // Decides where local rank's streams go and sets spec.stdout_fd / stderr_fd. rank_dir is
   // "<attempt>/<local_rank>" ("" when files are disabled); prefix "" means raw lines.
-  void attach(WorkerSpec& spec, int local_rank, const std::string& prefix, Std redirect,
-              Std tee, bool on_console, const std::string& rank_dir);
+  void attach(WorkerSpec& spec, int local_rank, const std::string& prefix, Std redirect, Std tee,
+              bool on_console, const std::string& rank_dir);
   // Closes the agent's copies of the workers' ends; call after WorkerGroup::start.
   void after_start();
 
