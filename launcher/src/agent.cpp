@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "ddp/launch/failure_report.hpp"
+#include "ddp/launch/liveness.hpp"
 #include "ddp/launch/rank_assignment.hpp"
 #include "ddp/launch/rendezvous.hpp"
 #include "ddp/launch/worker_group.hpp"
@@ -113,6 +114,7 @@ struct RendezvousStore {
   std::unique_ptr<rdzv::StoreServer> server;  // when this agent hosts it
   std::string host;                           // where to connect
   std::uint16_t port = 0;
+  bool port_taken = false;  // we meant to host it, but something else holds the port
 };
 
 std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port) {
@@ -155,13 +157,11 @@ RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
   if (!is_host) return rs;
   try {
     rs.server = start_server(bind_address(ep.host), ep.port);
-  } catch (const Error& e) {
+  } catch (const Error&) {
     if (told) throw;  // is_host=true: hosting is required
-    // Another agent on this machine hosts it (torch's fallback; issue 4 makes it stricter).
-    std::fprintf(stderr,
-                 "ddprun: the rendezvous store at %s:%u is hosted by another process; "
-                 "joining it as a client\n",
-                 ep.host.c_str(), ep.port);
+    // Another agent of this job on this machine, a ddprund, or something else: told apart
+    // once connected (check_shared_store).
+    rs.port_taken = true;
   }
   return rs;
 }
@@ -231,6 +231,11 @@ std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv
     try {
       return std::make_unique<rdzv::StoreClient>(rs.host, rs.port, slice);
     } catch (const Error& e) {
+      if (std::string(e.what()).find("closed the connection") != std::string::npos) {
+        throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
+                          " answers, but it is not a ddprun store (a torchrun job's TCPStore "
+                          "on that port?); choose another --rdzv-endpoint port");
+      }
       if (left <= milliseconds(1000)) {
         throw IoError("cannot reach the rendezvous store at " + rs.host + ":" +
                       std::to_string(rs.port) + " within the join timeout (" +
@@ -242,6 +247,31 @@ std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv
     pollfd p{sigfd, POLLIN, 0};
     if (::poll(&p, 1, 0) == 1) return nullptr;
   }
+}
+
+// When this agent could not host the store because the port was taken: join only a store that
+// an agent of this job hosts, or a plain one (a ddprund); refuse another job's agent store
+// instead of silently joining that job (torch's fallback).
+void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,
+                        const RendezvousStore& rs) {
+  const std::string mine = "/ddprun/" + run_id + "/host";
+  // The agent that won the port writes its key right after binding; give it a moment.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    if (store.check({mine})) return;  // an agent of this job hosts it
+    for (const auto& k : store.list_keys()) {
+      if (k.rfind("/ddprun/", 0) == 0 && k.size() > 13 &&
+          k.compare(k.size() - 5, 5, "/host") == 0) {
+        std::string other = k.substr(8, k.size() - 13);
+        throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
+                          " is the store of another job (run id '" + other + "', hosted by " +
+                          store.get(k) + "), not of run id '" + run_id +
+                          "'; choose a free --rdzv-endpoint port, or the same --rdzv-id if "
+                          "the two are one job");
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(25));
+  }
+  // No agent hosts it: a plain store (a ddprund), shared by design.
 }
 
 // What ended one round's monitoring.
@@ -268,12 +298,13 @@ int resolve_nproc(const std::string& spec) {
 }
 
 int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
-  if (config.min_nodes != config.max_nodes) {
+  const bool is_static = config.rdzv_backend == "static" && !config.standalone;
+  if (is_static && config.min_nodes != config.max_nodes) {
     throw ConfigError("--nnodes=" + std::to_string(config.min_nodes) + ":" +
                       std::to_string(config.max_nodes) +
-                      ": elastic MIN:MAX rounds are not built yet; give a fixed --nnodes=N");
+                      ": the static backend needs a fixed --nnodes=N (use --rdzv-backend=c10d "
+                      "for MIN:MAX)");
   }
-  const bool is_static = config.rdzv_backend == "static" && !config.standalone;
   if (is_static && config.node_rank >= config.max_nodes) {
     throw ConfigError("--node-rank=" + std::to_string(config.node_rank) + " is not below " +
                       "--nnodes=" + std::to_string(config.max_nodes));
@@ -283,10 +314,30 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
                                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
   RendezvousOptions ro;
   ro.run_id = config.rdzv_id;
-  ro.nnodes = config.max_nodes;
+  ro.min_nodes = config.min_nodes;
+  ro.max_nodes = config.max_nodes;
   ro.by_node_rank = is_static;
   ro.join_timeout =
       seconds_setting(config.rdzv_conf, "join_timeout", 600, "--rdzv-conf join_timeout");
+  ro.last_call =
+      seconds_setting(config.rdzv_conf, "last_call_timeout", 30, "--rdzv-conf last_call_timeout");
+  const auto keep_alive = seconds_setting(config.rdzv_conf, "keep_alive_interval", 5,
+                                          "--rdzv-conf keep_alive_interval");
+  int keep_alive_attempts = 3;
+  if (auto it = config.rdzv_conf.find("keep_alive_max_attempt"); it != config.rdzv_conf.end()) {
+    try {
+      keep_alive_attempts = std::stoi(it->second);
+    } catch (const std::exception&) {
+      keep_alive_attempts = 0;
+    }
+    if (keep_alive_attempts <= 0) {
+      throw ConfigError("--rdzv-conf keep_alive_max_attempt '" + it->second +
+                        "' is not a positive integer");
+    }
+  }
+  if (keep_alive.count() <= 0) {
+    throw ConfigError("--rdzv-conf keep_alive_interval must be > 0");
+  }
   rdzv::ClientOptions co;
   co.timeout = seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout");
   co.connect_timeout = ro.join_timeout;
@@ -308,6 +359,15 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     return 128 + sig;
   }
   rdzv::StoreClient& store = *store_ptr;
+  const bool solo = config.standalone && config.max_nodes == 1;
+  if (!solo && !is_static) {
+    if (rs.server) {
+      store.set("/ddprun/" + config.rdzv_id + "/host",
+                hostname() + " pid " + std::to_string(::getpid()));
+    } else if (rs.port_taken) {
+      check_shared_store(store, config.rdzv_id, rs);
+    }
+  }
   Rendezvous rdzv(store, ro);
   RunLogDir logs(config.log_dir, config.rdzv_id);
   if (nproc > 1 && !agent_env.count("OMP_NUM_THREADS")) {
@@ -327,7 +387,18 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
   self.role = config.role;
   self.node_rank = is_static ? config.node_rank : -1;
   int hint = -1;
-  const bool solo = config.standalone && config.max_nodes == 1;
+  int expect = 0;
+  // This agent's liveness in the store; a private one-node store needs none.
+  std::unique_ptr<Liveness> liveness;
+  std::string lost_will;
+  if (!solo) {
+    liveness = std::make_unique<Liveness>(rs.host, rs.port, keep_alive, keep_alive_attempts);
+    RoundEvent lost;
+    lost.kind = RoundEvent::Kind::lost;
+    lost.host = host;
+    lost.pid = self.pid;
+    lost_will = encode(lost);
+  }
 
   while (true) {
     Round round;
@@ -341,7 +412,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       std::optional<SignalInterrupt> on_signal;
       if (!solo) on_signal.emplace(sigfd, store);
       try {
-        round = rdzv.next_round(self, hint);
+        round = rdzv.next_round(self, hint, expect, [&](int r) {
+          if (liveness) liveness->set_will(rdzv.event_key(r), lost_will);
+        });
         if (solo) {
           g.master_addr = rs.host;
           g.master_port = rs.port;
@@ -356,6 +429,11 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       } catch (const TimeoutError& e) {
         std::fprintf(stderr, "ddprun: %s\n", e.what());
         return 1;
+      } catch (const SpareNotNeeded&) {
+        std::fprintf(stderr,
+                     "ddprun: the job finished while this node waited as a spare "
+                     "(--nnodes max already reached); nothing to do\n");
+        return 0;
       } catch (const IoError& e) {
         if (!on_signal || !on_signal->fired()) throw;
       }
@@ -547,8 +625,10 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
                    ev.describe().c_str(), self.restart_count, config.max_restarts);
     } else {
       self.restart_count = round.restart_count;  // not a failure: not counted
-      std::fprintf(stderr, "ddprun: %s; re-forming the job\n", ev.describe().c_str());
+      std::fprintf(stderr, "ddprun: %s; re-forming the job (not counted as a restart)\n",
+                   ev.describe().c_str());
     }
+    expect = next_round_expect(ev, round.group_world_size, config.max_nodes);
     self.prev_group_rank = round.group_rank;
     hint = round.number + 1;
   }

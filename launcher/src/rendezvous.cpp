@@ -1,16 +1,16 @@
-// The round protocol of rendezvous.hpp. Keys, under P = /ddprun/<run_id>:
+// The round protocol of rendezvous.hpp (docs/rendezvous.md). Keys, under P = /ddprun/<run_id>:
 //   P/round              ADD counter: the job's current round (bumped by the round's ender)
-//   P/r<n>/joined        ADD: arrival number k; k > nnodes means the round is full
+//   P/r<n>/joined        ADD: arrival number k; k > MAX (or > the sealed size) is not a member
 //   P/r<n>/node/<k>      SET: the k-th node's NodeDesc (JSON)
 //   P/r<n>/noderank/<i>  ADD: static backend, catches two agents with one --node-rank
-//   P/r<n>/ready         ADD: descriptions written; the nnodes-th sets P/r<n>/complete
-//   P/r<n>/complete      the round formed
+//   P/r<n>/seal          COMPARE_SET from absent: the member count m; members are k = 1..m
 //   P/r<n>/master        "addr:port" of the workers' store (group rank 0 hosts it)
-//   P/r<n>/event         COMPARE_SET from absent: the round's one outcome (RoundEvent JSON)
+//   P/r<n>/event         COMPARE_SET from absent: the round's one outcome (RoundEvent JSON);
+//                        also each agent's lease will ("lost") when it dies or goes silent
 //   P/r<n>/finished      ADD: nodes whose workers all succeeded; the last posts "done"
 //   P/r<n>/left, gone    ADD/SET: agents that no longer need the store
-// Per agent and round: ADD round, ADD joined, SET node, ADD ready, WAIT complete, MULTI_GET
-// nodes, one read or write of master, and one event write or watch: O(1) in the node count.
+// Per agent and round: ADD round, ADD joined, SET node, WAIT + GET seal (or the sealing
+// COMPARE_SET), WAIT + MULTI_GET nodes: O(1) in the node count.
 #include "ddp/launch/rendezvous.hpp"
 
 #include <sys/eventfd.h>
@@ -33,37 +33,23 @@ std::string Rendezvous::key(int round, const std::string& name) const {
 }
 
 std::string Rendezvous::event_key(const Round& round) const { return key(round.number, "event"); }
+std::string Rendezvous::event_key(int round) const { return key(round, "event"); }
 
-Round Rendezvous::next_round(const NodeDesc& self, int hint) {
-  const auto give_up = std::chrono::steady_clock::now() + opts_.join_timeout;
-  auto left = [&] {
-    auto d = std::chrono::duration_cast<milliseconds>(give_up - std::chrono::steady_clock::now());
+Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
+                             const std::function<void(int)>& on_join) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto give_up = start + opts_.join_timeout;
+  auto until = [](std::chrono::steady_clock::time_point t) {
+    auto d = std::chrono::duration_cast<milliseconds>(t - std::chrono::steady_clock::now());
     return std::max(d, milliseconds(1));
   };
   int r = hint >= 0 ? hint : static_cast<int>(store_.add(prefix_ + "/round", 0));
   while (true) {
+    if (on_join) on_join(r);
     const auto k = store_.add(key(r, "joined"), 1);
-    if (k > opts_.nnodes) {
-      // Full: a spare until the round ends. A finished round means the run id is used up.
-      std::string ev;
-      try {
-        store_.wait({key(r, "event")}, left());
-        ev = store_.get(key(r, "event"));
-      } catch (const TimeoutError&) {
-        throw TimeoutError("rendezvous '" + opts_.run_id + "': round " + std::to_string(r) +
-                           " already has its " + std::to_string(opts_.nnodes) +
-                           " nodes and did not end within the join timeout; is another job "
-                           "using this --rdzv-id?");
-      }
-      RoundEvent e = decode_event(ev);
-      if (e.kind == RoundEvent::Kind::done) {
-        throw ConfigError("rendezvous '" + opts_.run_id +
-                          "' belongs to a job that already "
-                          "finished; choose another --rdzv-id (under Slurm, the job id is a "
-                          "good one) or start a new store");
-      }
-      r = static_cast<int>(store_.add(prefix_ + "/round", 0));
-      if (r <= static_cast<int>(k)) r = std::max(r, 0);
+    if (k > opts_.max_nodes) {
+      r = wait_as_spare(r, give_up);
+      expect = 0;
       continue;
     }
     if (opts_.by_node_rank) {
@@ -72,30 +58,70 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint) {
         throw ConfigError("--node-rank=" + std::to_string(self.node_rank) +
                           " is already taken by another agent of rendezvous '" + opts_.run_id +
                           "'; give every node a distinct --node-rank in 0.." +
-                          std::to_string(opts_.nnodes - 1));
+                          std::to_string(opts_.max_nodes - 1));
       }
     }
     store_.set(key(r, "node/" + std::to_string(k)), encode(self));
-    if (store_.add(key(r, "ready"), 1) == opts_.nnodes) store_.set(key(r, "complete"), "1");
-    try {
-      store_.wait({key(r, "complete")}, left());
-    } catch (const TimeoutError&) {
-      throw TimeoutError("rendezvous '" + opts_.run_id + "': only " +
-                         std::to_string(store_.add(key(r, "ready"), 0)) + " of " +
-                         std::to_string(opts_.nnodes) + " nodes joined round " + std::to_string(r) +
-                         " within the join timeout (" +
-                         std::to_string(opts_.join_timeout.count() / 1000) +
-                         " s); check that every node runs ddprun with the same --rdzv-endpoint "
-                         "and --rdzv-id");
+
+    // Seal: MAX joined, or the number this node expects (a re-forming job), or MIN joined and
+    // this node's last call passed. The first COMPARE_SET wins; its count is the round's size.
+    const std::string seal_key = key(r, "seal");
+    auto seal_now = [&] {
+      auto m = std::min<std::int64_t>(store_.add(key(r, "joined"), 0), opts_.max_nodes);
+      std::string mine = std::to_string(m);
+      return store_.compare_set(seal_key, "", mine);
+    };
+    std::string sealed;
+    if (k == opts_.max_nodes || (expect >= opts_.min_nodes && k == expect)) {
+      sealed = seal_now();
+    } else if (k >= opts_.min_nodes) {
+      try {
+        store_.wait({seal_key}, std::min(opts_.last_call, until(give_up)));
+        sealed = store_.get(seal_key);
+      } catch (const TimeoutError&) {
+        sealed = seal_now();  // the last call passed with at least MIN nodes
+      }
+    } else {
+      try {
+        store_.wait({seal_key}, until(give_up));
+      } catch (const TimeoutError&) {
+        throw TimeoutError("rendezvous '" + opts_.run_id + "': only " +
+                           std::to_string(store_.add(key(r, "joined"), 0)) + " of at least " +
+                           std::to_string(opts_.min_nodes) + " nodes joined round " +
+                           std::to_string(r) + " within the join timeout (" +
+                           std::to_string(opts_.join_timeout.count() / 1000) +
+                           " s); check that every node runs ddprun with the same "
+                           "--rdzv-endpoint and --rdzv-id");
+      }
+      sealed = store_.get(seal_key);
     }
+    const int m = std::stoi(sealed);
+    if (k > m) {
+      // Sealed just before this node: ask for a bigger round (scale up), or be a spare.
+      if (m < opts_.max_nodes) {
+        RoundEvent join;
+        join.kind = RoundEvent::Kind::join;
+        join.host = self.host;
+        join.pid = self.pid;
+        RoundEvent held = end_round_number(r, join, /*reopen=*/true);
+        if (held.kind == RoundEvent::Kind::done) throw_finished();
+        ++r;
+        expect = 0;
+        continue;
+      }
+      r = wait_as_spare(r, give_up);
+      expect = 0;
+      continue;
+    }
+
     std::vector<std::string> keys;
-    for (int i = 1; i <= opts_.nnodes; ++i) keys.push_back(key(r, "node/" + std::to_string(i)));
+    for (int i = 1; i <= m; ++i) keys.push_back(key(r, "node/" + std::to_string(i)));
     std::vector<NodeDesc> nodes;
     for (const auto& text : store_.multi_get(keys)) nodes.push_back(decode_node(text));
 
     Round round;
     round.number = r;
-    round.group_world_size = opts_.nnodes;
+    round.group_world_size = m;
     round.restart_count = round_restart_count(nodes);
     for (int i : group_rank_order(nodes, opts_.by_node_rank)) {
       if (static_cast<std::int64_t>(i + 1) == k) {
@@ -105,6 +131,35 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint) {
     }
     return round;
   }
+}
+
+int Rendezvous::wait_as_spare(int r, std::chrono::steady_clock::time_point give_up) {
+  const std::string ev_key = key(r, "event");
+  const bool ended_before = store_.check({ev_key});
+  if (!ended_before) {
+    // A spare: no timeout but the job's own end (torch's redundancy list). Renewed waits keep
+    // each request bounded.
+    while (true) {
+      try {
+        store_.wait({ev_key}, std::chrono::hours(1));
+        break;
+      } catch (const TimeoutError&) {
+      }
+    }
+  }
+  (void)give_up;
+  RoundEvent e = decode_event(store_.get(ev_key));
+  if (e.kind == RoundEvent::Kind::done) {
+    if (ended_before) throw_finished();
+    throw SpareNotNeeded{};
+  }
+  return static_cast<int>(std::max<std::int64_t>(store_.add(prefix_ + "/round", 0), r + 1));
+}
+
+[[noreturn]] void Rendezvous::throw_finished() const {
+  throw ConfigError("rendezvous '" + opts_.run_id +
+                    "' belongs to a job that already finished; choose another --rdzv-id "
+                    "(under Slurm, the job id is a good one) or start a new store");
 }
 
 void Rendezvous::publish_master(const Round& round, const std::string& addr, std::uint16_t port) {
@@ -120,8 +175,12 @@ std::pair<std::string, std::uint16_t> Rendezvous::master(const Round& round) {
 }
 
 RoundEvent Rendezvous::end_round(const Round& round, const RoundEvent& event, bool reopen) {
+  return end_round_number(round.number, event, reopen);
+}
+
+RoundEvent Rendezvous::end_round_number(int r, const RoundEvent& event, bool reopen) {
   std::string mine = encode(event);
-  std::string held = store_.compare_set(event_key(round), "", mine);
+  std::string held = store_.compare_set(key(r, "event"), "", mine);
   if (held != mine) return decode_event(held);
   // This node ended the round: it opens the next one for agents that start afresh.
   if (reopen) store_.add(prefix_ + "/round", 1);

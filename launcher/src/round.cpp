@@ -40,6 +40,8 @@ const char* kind_name(RoundEvent::Kind k) {
     case RoundEvent::Kind::done: return "done";
     case RoundEvent::Kind::failure: return "failure";
     case RoundEvent::Kind::signal: return "signal";
+    case RoundEvent::Kind::join: return "join";
+    case RoundEvent::Kind::lost: return "lost";
   }
   return "?";
 }
@@ -103,15 +105,35 @@ std::string RoundEvent::describe() const {
     case Kind::signal:
       return "the agent on " + host + " (group rank " + std::to_string(group_rank) +
              ") was stopped by signal " + std::to_string(signal);
+    case Kind::join: return "a new node (" + host + ") asks to join the job";
+    case Kind::lost:
+      return "the agent on " + host + " (pid " + std::to_string(pid) +
+             ") died or stopped answering the store";
   }
   return "?";
 }
 
+int next_round_expect(const RoundEvent& event, int members, int max_nodes) {
+  switch (event.kind) {
+    case RoundEvent::Kind::failure: return members;
+    case RoundEvent::Kind::join: return std::min(members + 1, max_nodes);
+    case RoundEvent::Kind::signal:
+    case RoundEvent::Kind::lost: return std::max(members - 1, 0);
+    case RoundEvent::Kind::done: return 0;
+  }
+  return 0;
+}
+
 std::string encode(const RoundEvent& e) {
-  return json{{"kind", kind_name(e.kind)},  {"host", e.host},
-              {"group_rank", e.group_rank}, {"global_rank", e.global_rank},
-              {"local_rank", e.local_rank}, {"exit_code", e.exit_code},
-              {"signal", e.signal},         {"what", e.what}}
+  return json{{"kind", kind_name(e.kind)},
+              {"host", e.host},
+              {"group_rank", e.group_rank},
+              {"global_rank", e.global_rank},
+              {"local_rank", e.local_rank},
+              {"exit_code", e.exit_code},
+              {"signal", e.signal},
+              {"pid", e.pid},
+              {"what", e.what}}
       .dump();
 }
 
@@ -126,6 +148,10 @@ RoundEvent decode_event(std::string_view text) {
     e.kind = RoundEvent::Kind::failure;
   } else if (kind == "signal") {
     e.kind = RoundEvent::Kind::signal;
+  } else if (kind == "join") {
+    e.kind = RoundEvent::Kind::join;
+  } else if (kind == "lost") {
+    e.kind = RoundEvent::Kind::lost;
   } else {
     throw ProtocolError("a round event has an unknown kind '" + kind + "'");
   }
@@ -135,6 +161,7 @@ RoundEvent decode_event(std::string_view text) {
   e.local_rank = field<int>(j, "local_rank", w);
   e.exit_code = field<int>(j, "exit_code", w);
   e.signal = field<int>(j, "signal", w);
+  e.pid = field<int>(j, "pid", w);
   e.what = field<std::string>(j, "what", w);
   return e;
 }

@@ -162,6 +162,11 @@ void parse_body(Op op, Cursor& c, Request& r, const Limits& lim) {
       if (c.bytes(s, lim.max_value_bytes, "value")) r.values.push_back(s);
       c.read(r.u64);
       break;
+    case Op::lease_will:
+      c.read(r.u64);
+      if (c.bytes(s, lim.max_key_bytes, "key")) r.keys.push_back(s);
+      if (c.bytes(s, lim.max_value_bytes, "value")) r.values.push_back(s);
+      break;
     case Op::watch_key: c.fail("WATCH_KEY (torch 1.13 watchKey) is not supported"); break;
   }
 }

@@ -14,7 +14,7 @@ constexpr std::array<Op, 9> kV113 = {Op::set,      Op::compare_set, Op::get,
 
 bool is_extension(std::uint8_t byte) {
   return byte >= static_cast<std::uint8_t>(Op::hello) &&
-         byte <= static_cast<std::uint8_t>(Op::set_with_lease);
+         byte <= static_cast<std::uint8_t>(Op::lease_will);
 }
 
 }  // namespace
@@ -66,6 +66,7 @@ std::string_view op_name(Op op) {
     case Op::lease_keepalive: return "LEASE_KEEPALIVE";
     case Op::lease_revoke: return "LEASE_REVOKE";
     case Op::set_with_lease: return "SET_WITH_LEASE";
+    case Op::lease_will: return "LEASE_WILL";
     case Op::watch_key: return "WATCH_KEY";
   }
   return "?";

@@ -457,4 +457,12 @@ void StoreClient::set_with_lease(std::string_view key, std::string_view value,
   }
 }
 
+bool StoreClient::lease_will(std::uint64_t lease, std::string_view key, std::string_view value) {
+  std::lock_guard<std::mutex> g(mu_);
+  Writer(buf_).op(Dialect::v2, Op::lease_will).value(lease).bytes(key).bytes(value);
+  send_request();
+  expect_reply(deadline());
+  return read_u8() == 0;
+}
+
 }  // namespace ddp::rdzv

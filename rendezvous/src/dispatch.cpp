@@ -120,6 +120,9 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
       case Op::set_with_lease:
         reply().u8(t.set_with_lease(req.keys[0], req.values[0], req.u64, ctx.woken) ? 0 : 1);
         return Outcome::replied;
+      case Op::lease_will:
+        reply().u8(t.lease_will(req.u64, req.keys[0], req.values[0]) ? 0 : 1);
+        return Outcome::replied;
       case Op::cancel_wait:
       case Op::watch_key: break;
     }

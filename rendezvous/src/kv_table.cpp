@@ -290,11 +290,19 @@ bool KvTable::set_with_lease(std::string_view key, std::string_view value, Lease
   return true;
 }
 
-void KvTable::release_owner(WaiterId owner) {
+bool KvTable::lease_will(LeaseId id, std::string_view key, std::string_view value) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return false;
+  it->second.will_key = key;
+  it->second.will_value = key.empty() ? std::string_view() : value;
+  return true;
+}
+
+void KvTable::release_owner(WaiterId owner, Woken& woken) {
   cancel(owner);
   for (auto it = leases_.begin(); it != leases_.end();) {
     auto next = std::next(it);
-    if (it->second.owner == owner) drop_lease(it);
+    if (it->second.owner == owner) drop_lease(it, &woken);
     it = next;
   }
 }
@@ -307,12 +315,12 @@ std::optional<Millis> KvTable::next_expiry() const {
   return out;
 }
 
-std::size_t KvTable::expire(Millis now) {
+std::size_t KvTable::expire(Millis now, Woken& woken) {
   std::size_t n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
     auto next = std::next(it);
     if (it->second.expiry <= now) {
-      drop_lease(it);
+      drop_lease(it, &woken);
       ++n;
     }
     it = next;
@@ -329,7 +337,7 @@ void KvTable::detach_lease(std::string_view key) {
   key_lease_.erase(it);
 }
 
-void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it) {
+void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it, Woken* woken) {
   for (const auto& k : it->second.keys) {
     key_lease_.erase(k);
     if (auto kv = kv_.find(k); kv != kv_.end()) {
@@ -337,7 +345,15 @@ void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it) {
       kv_.erase(kv);
     }
   }
+  std::string key = std::move(it->second.will_key);
+  std::string value = std::move(it->second.will_value);
   leases_.erase(it);
+  if (woken == nullptr || key.empty() || exists(key)) return;
+  try {
+    set(key, value, *woken);
+  } catch (const std::exception&) {
+    // Over the byte cap: the will is lost, the store stays as it was.
+  }
 }
 
 }  // namespace ddp::rdzv

@@ -148,10 +148,14 @@ struct StoreServer::Impl {
     sweeper->expires_after(kSweepPeriod);
     sweeper->async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
+      std::vector<std::shared_ptr<Session>> wake;
       {
         std::lock_guard<std::mutex> g(shared.mu);
-        shared.table.expire(shared.now());
+        Woken woken;  // wills of expired leases
+        shared.table.expire(shared.now(), woken);
+        wake = claim_wakes(shared, woken);
       }
+      post_wakes(wake);
       sweep();
     });
   }

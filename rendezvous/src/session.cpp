@@ -26,6 +26,25 @@ bool needs_table(Op op) { return op != Op::validate && op != Op::ping && op != O
 bool needs_clock(Op op) { return op == Op::lease_grant || op == Op::lease_keepalive; }
 }  // namespace
 
+std::vector<std::shared_ptr<Session>> claim_wakes(SharedState& shared, const Woken& woken) {
+  std::vector<std::shared_ptr<Session>> out;
+  for (WaiterId w : woken) {
+    auto it = shared.sessions.find(w);
+    if (it == shared.sessions.end()) continue;
+    if (auto s = it->second.lock()) {
+      s->wakes_issued.fetch_add(1);
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+void post_wakes(std::vector<std::shared_ptr<Session>>& sessions) {
+  for (auto& s : sessions) {
+    asio::post(s->executor(), [s] { s->deliver_wakes(); });
+  }
+}
+
 Session::Session(asio::ip::tcp::socket socket, SharedState& shared, WaiterId id)
     : socket_(std::move(socket)), shared_(shared), id_(id), decoder_(shared.limits) {}
 
@@ -121,20 +140,11 @@ bool Session::handle(const proto::Request& req) {
   if (needs_table(req.op)) {
     std::lock_guard<std::mutex> g(shared_.mu);
     outcome = dispatch(req, ctx);
-    for (WaiterId w : woken_) {
-      auto it = shared_.sessions.find(w);
-      if (it == shared_.sessions.end()) continue;
-      if (auto s = it->second.lock()) {
-        s->wakes_issued.fetch_add(1);
-        wake.push_back(std::move(s));
-      }
-    }
+    wake = claim_wakes(shared_, woken_);
   } else {
     outcome = dispatch(req, ctx);
   }
-  for (auto& s : wake) {
-    asio::post(s->executor(), [s] { s->deliver_wakes(); });
-  }
+  post_wakes(wake);
   if (outcome == Outcome::failed) {
     out_.resize(mark);
     fail(ctx.error);
@@ -210,11 +220,15 @@ void Session::close() {
   boost::system::error_code ec;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
   socket_.close(ec);
+  std::vector<std::shared_ptr<Session>> wake;
   {
     std::lock_guard<std::mutex> g(shared_.mu);
-    shared_.table.release_owner(id_);
+    Woken woken;  // wills of this connection's leases
+    shared_.table.release_owner(id_, woken);
     shared_.sessions.erase(id_);
+    wake = claim_wakes(shared_, woken);
   }
+  post_wakes(wake);
   shared_.connections_open.fetch_sub(1);
 }
 

@@ -35,6 +35,13 @@ struct SharedState {
   }
 };
 
+class Session;
+
+// Wake-ups found under shared.mu: counts one for each woken session that still exists and
+// returns them; post_wakes() (no lock needed) makes each deliver its STOP_WAITING on its loop.
+std::vector<std::shared_ptr<Session>> claim_wakes(SharedState& shared, const Woken& woken);
+void post_wakes(std::vector<std::shared_ptr<Session>>& sessions);
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(boost::asio::ip::tcp::socket socket, SharedState& shared, WaiterId id);

@@ -5,6 +5,8 @@
 // never fills times out with the count; and the store operations per agent do not grow with N.
 #include "ddp/launch/rendezvous.hpp"
 
+#include "ddp/launch/liveness.hpp"
+
 #include <poll.h>
 
 #include <catch2/catch.hpp>
@@ -54,12 +56,28 @@ std::vector<Round> form(Store& s, int n, const std::string& id, bool by_node_ran
   for (int i = 0; i < n; ++i) {
     ts.emplace_back([&, i] {
       auto c = s.client();
-      Rendezvous r(*c, {id, n, by_node_rank, 10s});
+      Rendezvous r(*c, {id, n, n, by_node_rank, 10s});
       rounds[static_cast<std::size_t>(i)] = r.next_round(desc(i, by_node_rank ? n - 1 - i : -1));
     });
   }
   for (auto& t : ts) t.join();
   return rounds;
+}
+
+bool eventually_joined(ddp::rdzv::StoreClient& c, const std::string& key, std::int64_t n) {
+  for (int i = 0; i < 500; ++i) {
+    if (c.add(key, 0) >= n) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+bool eventually_open(ddp::rdzv::StoreServer& server, std::uint64_t n) {
+  for (int i = 0; i < 500; ++i) {
+    if (server.stats().connections_open == n) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
 }
 
 }  // namespace
@@ -93,8 +111,8 @@ TEST_CASE("static rounds rank by node rank; a node rank claimed twice is named",
   for (std::size_t i = 0; i < 3; ++i) CHECK(rounds[i].group_rank == 2 - static_cast<int>(i));
   auto a = s.client();
   auto b = s.client();
-  Rendezvous ra(*a, {"twice", 2, true, 2s});
-  Rendezvous rb(*b, {"twice", 2, true, 2s});
+  Rendezvous ra(*a, {"twice", 2, 2, true, 2s});
+  Rendezvous rb(*b, {"twice", 2, 2, true, 2s});
   std::thread t([&] { CHECK_THROWS_AS(ra.next_round(desc(0, 1)), ddp::TimeoutError); });
   std::this_thread::sleep_for(50ms);  // order only; the assertion does not depend on timing
   CHECK_THROWS_WITH(rb.next_round(desc(1, 1)), Catch::Contains("--node-rank=1 is already taken"));
@@ -105,14 +123,14 @@ TEST_CASE("one event ends a round, whoever posts", "[integration][launch]") {
   Store s;
   auto rounds = form(s, 4, "ev");
   auto wc = s.client();
-  Rendezvous w(*wc, {"ev", 4, false, 10s});
+  Rendezvous w(*wc, {"ev", 4, 4, false, 10s});
   EventWatcher watcher("127.0.0.1", s.server.port(), w.event_key(rounds[0]));
   std::vector<RoundEvent> held(4);
   std::vector<std::thread> ts;
   for (int i = 0; i < 4; ++i) {
     ts.emplace_back([&, i] {
       auto c = s.client();
-      Rendezvous r(*c, {"ev", 4, false, 10s});
+      Rendezvous r(*c, {"ev", 4, 4, false, 10s});
       RoundEvent e;
       e.kind = RoundEvent::Kind::failure;
       e.host = std::string("h").append(std::to_string(i));
@@ -135,11 +153,11 @@ TEST_CASE("a finished run id turns a latecomer away with a message", "[integrati
   auto rounds = form(s, 2, "done");
   for (int i = 0; i < 2; ++i) {
     auto c = s.client();
-    Rendezvous r(*c, {"done", 2, false, 10s});
+    Rendezvous r(*c, {"done", 2, 2, false, 10s});
     r.finished(rounds[static_cast<std::size_t>(i)], "h", i);
   }
   auto c = s.client();
-  Rendezvous late(*c, {"done", 2, false, 5s});
+  Rendezvous late(*c, {"done", 2, 2, false, 5s});
   CHECK_THROWS_WITH(late.next_round(desc(9)), Catch::Contains("already finished") &&
                                                   Catch::Contains("choose another --rdzv-id"));
 }
@@ -147,8 +165,9 @@ TEST_CASE("a finished run id turns a latecomer away with a message", "[integrati
 TEST_CASE("a round that never fills times out with the count", "[integration][launch]") {
   Store s;
   auto c = s.client();
-  Rendezvous r(*c, {"lonely", 3, false, 300ms});
-  CHECK_THROWS_WITH(r.next_round(desc(0)), Catch::Contains("only 1 of 3 nodes joined round 0"));
+  Rendezvous r(*c, {"lonely", 3, 3, false, 300ms});
+  CHECK_THROWS_WITH(r.next_round(desc(0)),
+                    Catch::Contains("only 1 of at least 3 nodes joined round 0"));
 }
 
 TEST_CASE("an interrupted client stops its wait at once", "[integration][launch]") {
@@ -166,11 +185,104 @@ TEST_CASE("store operations per agent do not grow with the node count", "[integr
   for (int n : {2, 8, 32}) {
     Store s;
     auto rounds = form(s, n, "ops");
-    // requests = n * (VALIDATE, HELLO; ADD round, ADD joined, SET node, ADD ready, WAIT
-    // complete, WAIT + MULTI_GET nodes) + 1 (the last arriver sets "complete")
-    per_agent.push_back(static_cast<double>(s.server.stats().requests - 1) / n);
+    // each agent: VALIDATE, HELLO; ADD round, ADD joined, SET node, WAIT seal, WAIT + GET
+    // seal, WAIT + MULTI_GET nodes = 10; the sealer reads the count (ADD 0) and makes one
+    // COMPARE_SET instead of the three seal requests: 9
+    per_agent.push_back(static_cast<double>(s.server.stats().requests + 1) / n);
   }
   CHECK(per_agent[0] == per_agent[1]);
   CHECK(per_agent[1] == per_agent[2]);
-  CHECK(per_agent[0] == 9);
+  CHECK(per_agent[0] == 10);
+  CHECK(per_agent[2] == 10);
+}
+
+TEST_CASE("MIN:MAX: the round seals at MIN after the last call", "[integration][launch]") {
+  Store s;
+  std::vector<Round> rounds(2);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; ++i) {
+    ts.emplace_back([&, i] {
+      auto c = s.client();
+      RendezvousOptions o{"elastic", 2, 4, false, 10s, 200ms};
+      Rendezvous r(*c, o);
+      rounds[static_cast<std::size_t>(i)] = r.next_round(desc(i));
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(rounds[0].group_world_size == 2);
+  CHECK(rounds[0].group_rank + rounds[1].group_rank == 1);
+}
+
+TEST_CASE("MIN:MAX: the expected count seals at once, without the last call",
+          "[integration][launch]") {
+  Store s;
+  std::vector<Round> rounds(3);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 3; ++i) {
+    ts.emplace_back([&, i] {
+      auto c = s.client();
+      // a last call far beyond the ctest timeout: only `expect` can seal this round in time
+      RendezvousOptions o{"expect", 1, 8, false, 3600s, 3600s};
+      Rendezvous r(*c, o);
+      rounds[static_cast<std::size_t>(i)] = r.next_round(desc(i), 0, 3);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (const auto& r : rounds) CHECK(r.group_world_size == 3);
+}
+
+TEST_CASE("a node arriving after the seal asks for a bigger round; past MAX it is a spare",
+          "[integration][launch]") {
+  Store s;
+  RendezvousOptions o{"grow", 1, 2, false, 10s, 100ms};
+  auto c0 = s.client();
+  Rendezvous r0(*c0, o);
+  Round first = r0.next_round(desc(0));  // alone: sealed at MIN = 1 after the last call
+  REQUIRE(first.group_world_size == 1);
+
+  // The late node posts "join" on round 0 and moves to round 1; the first node sees the
+  // event and follows with expect = 2, so round 1 has both.
+  Round late_round, again;
+  std::thread late([&] {
+    auto c = s.client();
+    Rendezvous r(*c, o);
+    late_round = r.next_round(desc(1));
+  });
+  c0->wait({r0.event_key(first)}, 10s);
+  RoundEvent ev = decode_event(c0->get(r0.event_key(first)));
+  CHECK(ev.kind == RoundEvent::Kind::join);
+  CHECK(next_round_expect(ev, 1, 2) == 2);
+  NodeDesc me = desc(0);
+  me.prev_group_rank = 0;
+  again = r0.next_round(me, first.number + 1, 2);
+  late.join();
+  CHECK(again.number == 1);
+  CHECK(again.group_world_size == 2);
+  CHECK(again.group_rank == 0);  // the node that was there keeps rank 0
+  CHECK(late_round.group_rank == 1);
+
+  // A third node is beyond MAX: it waits as a spare and learns the job finished.
+  std::thread spare([&] {
+    auto c = s.client();
+    Rendezvous r(*c, o);
+    CHECK_THROWS_AS(r.next_round(desc(2)), SpareNotNeeded);
+  });
+  REQUIRE(eventually_joined(*c0, "/ddprun/grow/r1/joined", 3));
+  r0.finished(again, "h0", 0);
+  auto c1 = s.client();
+  Rendezvous r1(*c1, o);
+  r1.finished(late_round, "h1", 1);
+  spare.join();
+}
+
+TEST_CASE("a clean exit of the liveness keeper fires no will", "[integration][launch]") {
+  Store s;
+  auto c = s.client();
+  {
+    Liveness live("127.0.0.1", s.server.port(), 100ms, 2);
+    live.set_will("/w/event", "lost");
+    CHECK(live.ttl() == 200ms);
+  }
+  REQUIRE(eventually_open(s.server, 1));
+  CHECK_FALSE(c->check({"/w/event"}));
 }

@@ -252,6 +252,34 @@ TEST_CASE("leases: bound to a connection, or to a ttl", "[integration]") {
   CHECK_THROWS_AS(node->set_with_lease("k", "v", lease), ddp::Error);
 }
 
+TEST_CASE("a lease's will wakes a waiter when its holder dies or goes silent", "[integration]") {
+  Fixture f;
+  auto watcher = f.client();
+  {
+    auto node = f.client();
+    auto lease = node->lease_grant(0ms, true);
+    REQUIRE(node->lease_will(lease, "round/event", "lost node0"));
+  }  // the connection closes: the will fires on the server, whose WAIT releases the watcher
+  watcher->wait({"round/event"}, 10s);
+  CHECK(watcher->get("round/event") == "lost node0");
+
+  auto silent = f.client();
+  auto lease = silent->lease_grant(300ms, false);
+  REQUIRE(silent->lease_will(lease, "round2/event", "lost node1"));
+  watcher->wait({"round2/event"}, 10s);  // nobody renews it: it expires on the server's clock
+  CHECK(watcher->get("round2/event") == "lost node1");
+
+  auto clean = f.client();
+  auto l3 = clean->lease_grant(0ms, true);
+  REQUIRE(clean->lease_will(l3, "round3/event", "lost"));
+  REQUIRE(clean->lease_revoke(l3));
+  clean.reset();
+  // once the server has closed that session (watcher and silent remain), nothing fired
+  REQUIRE(eventually([&] { return f.server.stats().connections_open == 2; }));
+  CHECK_FALSE(watcher->check({"round3/event"}));  // a revoke is a clean exit
+  CHECK_FALSE(watcher->lease_will(987654, "k", "v"));
+}
+
 TEST_CASE("stop() closes live connections and clients see an I/O error", "[integration]") {
   auto f = std::make_unique<Fixture>();
   auto c = f->client();

@@ -105,9 +105,13 @@ def test_bad_flags_exit_2():
     p = ddprun("--nproc-per-node=zero", "x.py")
     assert p.returncode == 2
     assert "--nproc-per-node" in p.stderr
-    p = ddprun("--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "x.py")
+    p = ddprun("--nnodes=1:2", "--rdzv-backend=static", "x.py")
     assert p.returncode == 2
-    assert "elastic MIN:MAX" in p.stderr
+    assert "the static backend needs a fixed --nnodes" in p.stderr
+    p = ddprun("--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1",
+               "--rdzv-conf=keep_alive_max_attempt=zero", "x.py")
+    assert p.returncode == 2
+    assert "keep_alive_max_attempt 'zero'" in p.stderr
     p = ddprun("--nnodes=2", "--node-rank=2", "x.py")
     assert p.returncode == 2
     assert "--node-rank=2 is not below --nnodes=2" in p.stderr

@@ -117,11 +117,11 @@ TEST_CASE("leases expire on the injected clock and take their keys along", "[uni
   REQUIRE(t.set_with_lease("node/1", "alive", l, w));
   t.set("plain", "x", w);
   CHECK(t.next_expiry() == Millis(1100));
-  CHECK(t.expire(Millis(1099)) == 0);
+  CHECK(t.expire(Millis(1099), w) == 0);
   CHECK(t.lease_keepalive(l, Millis(1050)));  // pushes expiry to 1150
-  CHECK(t.expire(Millis(1100)) == 0);
+  CHECK(t.expire(Millis(1100), w) == 0);
   CHECK(t.get("node/1") != nullptr);
-  CHECK(t.expire(Millis(1150)) == 1);
+  CHECK(t.expire(Millis(1150), w) == 1);
   CHECK(t.get("node/1") == nullptr);
   CHECK(t.get("plain") != nullptr);
   CHECK_FALSE(t.lease_keepalive(l, Millis(1200)));
@@ -134,7 +134,7 @@ TEST_CASE("a plain set detaches a key from its lease", "[unit][rdzv]") {
   auto l = t.lease_grant(Millis(10), 0, Millis(0));
   REQUIRE(t.set_with_lease("k", "1", l, w));
   t.set("k", "2", w);
-  CHECK(t.expire(Millis(10)) == 1);
+  CHECK(t.expire(Millis(10), w) == 1);
   CHECK(*t.get("k") == "2");
 }
 
@@ -148,7 +148,7 @@ TEST_CASE("releasing a connection revokes its bound leases and waits", "[unit][r
   std::vector<string_view> keys{"never"};
   CHECK_FALSE(t.wait(42, keys));
   CHECK_FALSE(t.next_expiry().has_value());  // no ttl: bound leases never expire by time
-  t.release_owner(42);
+  t.release_owner(42, w);
   CHECK(t.get("mine") == nullptr);
   CHECK(t.get("theirs") != nullptr);
   CHECK_FALSE(t.is_waiting(42));
@@ -176,7 +176,7 @@ TEST_CASE("the byte cap refuses a write whole and frees what deletes give back",
   CHECK(t.queue_pop("q", out) == 1);
   auto lease = t.lease_grant(Millis(10), 0, Millis(0));
   REQUIRE(t.set_with_lease("l", "v", lease, w));
-  t.expire(Millis(10));
+  t.expire(Millis(10), w);
   CHECK(t.erase("a"));
   CHECK(t.bytes() == 0);
 }
@@ -187,6 +187,43 @@ TEST_CASE("a huge ttl saturates instead of overflowing the clock", "[unit][rdzv]
   auto l = t.lease_grant(Millis::max(), 0, Millis(7));  // found by the fuzzer (UBSan overflow)
   REQUIRE(t.set_with_lease("k", "v", l, w));
   CHECK(t.lease_keepalive(l, Millis(1000)));
-  CHECK(t.expire(Millis::max() - Millis(1)) == 0);
+  CHECK(t.expire(Millis::max() - Millis(1), w) == 0);
   CHECK(t.get("k") != nullptr);
+}
+
+TEST_CASE("a lease's will fires on expiry and on connection loss, not on revoke", "[unit][rdzv]") {
+  KvTable t;
+  Woken w;
+  std::string_view keys[] = {"event"};
+  REQUIRE_FALSE(t.wait(7, keys));  // a watcher waits for the event key
+  auto expiring = t.lease_grant(Millis(100), 0, Millis(0));
+  REQUIRE(t.lease_will(expiring, "event", "lost:a"));
+  auto bound = t.lease_grant(Millis(0), 42, Millis(0));
+  REQUIRE(t.lease_will(bound, "event", "lost:b"));
+  auto revoked = t.lease_grant(Millis(100), 0, Millis(0));
+  REQUIRE(t.lease_will(revoked, "other", "x"));
+  CHECK_FALSE(t.lease_will(999, "k", "v"));
+
+  REQUIRE(t.lease_revoke(revoked));
+  CHECK(t.get("other") == nullptr);  // a deliberate revoke is a clean exit: no will
+
+  CHECK(t.expire(Millis(100), w) == 1);
+  REQUIRE(t.get("event") != nullptr);
+  CHECK(*t.get("event") == "lost:a");
+  CHECK(w == Woken{7});
+
+  w.clear();
+  t.release_owner(42, w);  // the first will holds: a will never overwrites
+  CHECK(*t.get("event") == "lost:a");
+  CHECK(w.empty());
+}
+
+TEST_CASE("an empty will key clears the will", "[unit][rdzv]") {
+  KvTable t;
+  Woken w;
+  auto l = t.lease_grant(Millis(0), 5, Millis(0));
+  REQUIRE(t.lease_will(l, "k", "v"));
+  REQUIRE(t.lease_will(l, "", "ignored"));
+  t.release_owner(5, w);
+  CHECK(t.num_keys() == 0);
 }

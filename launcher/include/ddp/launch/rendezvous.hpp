@@ -1,14 +1,13 @@
 // The ddprun rendezvous over any TCPStore (a ddprund, or the store an agent hosts): numbered
-// rounds, each formed by a fixed number of nodes and ended by exactly one RoundEvent, which
-// every node watches with a server-side WAIT (no polling). Every agent makes O(1) store
+// rounds of MIN..MAX nodes, each sealed once (when MAX joined, when the expected number
+// rejoined, or when MIN joined and the last call passed) and ended by exactly one RoundEvent,
+// which every node watches with a server-side WAIT (no polling). Every agent makes O(1) store
 // operations per round whatever the number of nodes (one MULTI_GET reads the others'
-// descriptions). The key layout is in docs/launcher.md ("Rendezvous keys").
-//
-// The elastic parts (MIN:MAX rounds, leases for liveness, scale up and down) extend this
-// class in issue 4; the agent loop already treats every restart as "join the next round".
+// descriptions). The algorithm and key layout are in docs/rendezvous.md.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,10 +22,15 @@ namespace ddp::launch {
 
 struct RendezvousOptions {
   std::string run_id = "none";
-  int nnodes = 1;             // nodes that form a round
+  int min_nodes = 1;
+  int max_nodes = 1;
   bool by_node_rank = false;  // static backend: group rank = --node-rank
   std::chrono::milliseconds join_timeout{600000};
+  std::chrono::milliseconds last_call{30000};  // after MIN joined, how long to wait for more
 };
+
+// A spare (a node beyond MAX) saw the job finish without needing it.
+struct SpareNotNeeded {};
 
 // What a formed round tells this node.
 struct Round {
@@ -42,9 +46,14 @@ class Rendezvous {
   Rendezvous(rdzv::StoreClient& store, RendezvousOptions options);
 
   // Joins round `hint` (or the job's current round when hint < 0) and blocks until it has
-  // formed. Throws ddp::TimeoutError after join_timeout, ddp::ConfigError when the run id has
-  // already finished or a static node rank is taken twice.
-  Round next_round(const NodeDesc& self, int hint = -1);
+  // formed. `expect` (0: unknown) is how many nodes this node expects in the round; the one
+  // that makes it so seals the round without waiting for the last call. `on_join(n)` runs
+  // before this node joins round n (the agent points its liveness will at that round).
+  // Throws ddp::TimeoutError after join_timeout, ddp::ConfigError when the run id has already
+  // finished or a static node rank is taken twice, SpareNotNeeded when this node waited as a
+  // spare and the job finished.
+  Round next_round(const NodeDesc& self, int hint = -1, int expect = 0,
+                   const std::function<void(int)>& on_join = {});
 
   // The workers' store of a round, published by group rank 0 and read by the others.
   void publish_master(const Round& round, const std::string& addr, std::uint16_t port);
@@ -63,10 +72,15 @@ class Rendezvous {
   void wait_all_left(const Round& round, std::chrono::milliseconds timeout);
 
   std::string event_key(const Round& round) const;
+  std::string event_key(int round) const;
   const std::string& prefix() const { return prefix_; }
 
  private:
   std::string key(int round, const std::string& name) const;
+  RoundEvent end_round_number(int round, const RoundEvent& event, bool reopen);
+  // Waits for round r's event as a spare; returns the round to join next.
+  int wait_as_spare(int r, std::chrono::steady_clock::time_point give_up);
+  [[noreturn]] void throw_finished() const;
 
   rdzv::StoreClient& store_;
   RendezvousOptions opts_;

@@ -1,7 +1,8 @@
 // The pure parts of a rendezvous round: what each node publishes about itself (NodeDesc), the
 // order that gives group ranks, and the round's single outcome (RoundEvent: done, a failure,
-// or a stop signal). Text encodings are JSON so a person can read them with `ddpstore get`.
-// No sockets here: rendezvous.cpp moves these through the store; the unit tests call them.
+// a stop signal, a node that asks to join, or a node lost by the store's liveness check). Text
+// encodings are JSON so a person can read them with `ddpstore get`. No sockets here: rendezvous.cpp
+// moves these through the store; the unit tests call them.
 #pragma once
 
 #include <string>
@@ -35,7 +36,7 @@ std::vector<int> group_rank_order(const std::vector<NodeDesc>& nodes, bool by_no
 int round_restart_count(const std::vector<NodeDesc>& nodes);
 
 struct RoundEvent {
-  enum class Kind { done, failure, signal };
+  enum class Kind { done, failure, signal, join, lost };
   Kind kind = Kind::done;
   std::string host;      // the node that posted it
   int group_rank = -1;   // its group rank
@@ -43,11 +44,18 @@ struct RoundEvent {
   int local_rank = -1;
   int exit_code = 0;  // failure: ddprun's exit code for it (code, or 128 + signal)
   int signal = 0;     // signal: the signal the agent received
+  int pid = 0;        // lost: the agent that stopped answering
   std::string what;   // failure: "exitcode 3" / "Signal 9 (SIGKILL)"
 
   // One line for the other nodes' logs.
   std::string describe() const;
+  // Whether the round that follows counts against --max-restarts (only worker failures do).
+  bool counts_as_restart() const { return kind == Kind::failure; }
 };
+
+// How many nodes the next round expects after `event` ended a round of `members` nodes: the
+// node that expects it seals the next round at once instead of waiting for the last call.
+int next_round_expect(const RoundEvent& event, int members, int max_nodes);
 
 std::string encode(const RoundEvent& event);
 RoundEvent decode_event(std::string_view text);  // throws ddp::ProtocolError

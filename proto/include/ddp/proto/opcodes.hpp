@@ -47,7 +47,11 @@ enum class Op : std::uint8_t {
   lease_keepalive = 0x82,  // u64 lease -> u8 0 ok / 1 unknown or expired
   lease_revoke = 0x83,     // u64 lease -> u8 0 ok / 1 unknown; deletes the lease's keys
   set_with_lease = 0x84,   // str key, bytes value, u64 lease -> u8 0 ok / 1 unknown lease
-  watch_key = 0xFE,        // torch 1.13 only (opcode 7 there); refused
+  // u64 lease, str key, bytes value -> u8 0 ok / 1 unknown lease. The lease's will: when the
+  // lease expires or its connection closes (not on LEASE_REVOKE), the server sets key to value
+  // if key is absent, waking its waiters. An empty key clears the will.
+  lease_will = 0x85,
+  watch_key = 0xFE,  // torch 1.13 only (opcode 7 there); refused
 };
 
 inline constexpr std::uint8_t kCheckReady = 0;

@@ -55,6 +55,8 @@ class StoreClient {
   bool lease_keepalive(std::uint64_t lease);
   bool lease_revoke(std::uint64_t lease);
   void set_with_lease(std::string_view key, std::string_view value, std::uint64_t lease);
+  // The lease's will (see Op::lease_will); false if the lease is unknown or expired.
+  bool lease_will(std::uint64_t lease, std::string_view key, std::string_view value);
 
   const std::string& endpoint() const { return endpoint_; }
 

@@ -78,9 +78,14 @@ class KvTable {
   bool lease_keepalive(LeaseId id, Millis now);
   bool lease_revoke(LeaseId id);  // deletes the lease's keys
   bool set_with_lease(std::string_view key, std::string_view value, LeaseId id, Woken& woken);
-  void release_owner(WaiterId owner);  // the connection closed: its waits and bound leases go
+  // The lease's will (key set to value if absent when the lease expires or its owner's
+  // connection closes; not on revoke). An empty key clears it.
+  bool lease_will(LeaseId id, std::string_view key, std::string_view value);
+  // The connection closed: its waits and bound leases go (their wills fire into `woken`).
+  void release_owner(WaiterId owner, Woken& woken);
   std::optional<Millis> next_expiry() const;
-  std::size_t expire(Millis now);  // revokes leases past their ttl; returns how many
+  // Drops leases past their ttl (their wills fire into `woken`); returns how many.
+  std::size_t expire(Millis now, Woken& woken);
   std::size_t num_leases() const { return leases_.size(); }
 
  private:
@@ -97,13 +102,15 @@ class KvTable {
     Millis expiry{0};
     WaiterId owner = 0;
     std::unordered_set<std::string> keys;
+    std::string will_key, will_value;
   };
 
   static std::size_t entry_bytes(std::string_view key, std::string_view value);
   void charge(std::int64_t delta, std::string_view key);  // throws when over max_bytes_
   void changed(std::string_view key, Woken& woken);
   void detach_lease(std::string_view key);
-  void drop_lease(std::unordered_map<LeaseId, Lease>::iterator it);
+  // Deletes the lease and its keys; with `woken`, then carries out its will.
+  void drop_lease(std::unordered_map<LeaseId, Lease>::iterator it, Woken* woken = nullptr);
 
   StringMap<std::string> kv_;
   StringMap<std::deque<std::string>> queues_;

@@ -1,0 +1,51 @@
+// An agent's liveness as the store sees it, on a connection of its own: one lease, bound to
+// that connection and to a TTL (keep_alive_interval x keep_alive_max_attempt) that a heartbeat
+// thread renews every keep_alive_interval, and the lease's will: "this agent is lost" posted
+// as the current round's event. If the agent dies, its connection closes and the server
+// carries out the will at once; if it hangs or is cut off, the lease expires on the server's
+// clock (no peer's clock is trusted) and the will fires then. A clean exit revokes the lease.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "ddp/rdzv/client.hpp"
+
+namespace ddp::launch {
+
+class Liveness {
+ public:
+  Liveness(const std::string& host, std::uint16_t port, std::chrono::milliseconds interval,
+           int max_attempts);
+  ~Liveness();  // revokes the lease: a clean exit fires no will
+  Liveness(const Liveness&) = delete;
+  Liveness& operator=(const Liveness&) = delete;
+
+  // From now on, losing this agent sets `key` to `value` if it is absent.
+  void set_will(const std::string& key, const std::string& value);
+  // How many times the lease had expired when the heartbeat came back (the agent was stopped
+  // or cut off for longer than the TTL); the lease is then granted anew.
+  int expirations() const { return expirations_.load(); }
+  std::chrono::milliseconds ttl() const { return ttl_; }
+
+ private:
+  void beat();
+  void renew_locked();
+
+  std::unique_ptr<rdzv::StoreClient> client_;
+  std::chrono::milliseconds interval_, ttl_;
+  std::uint64_t lease_ = 0;
+  std::string will_key_, will_value_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::atomic<int> expirations_{0};
+  std::thread thread_;
+};
+
+}  // namespace ddp::launch
