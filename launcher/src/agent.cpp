@@ -444,18 +444,13 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
         return 128 + sig;
       }
     }
-    std::vector<NodeRoleInfo> infos;
-    for (std::size_t i = 0; i < round.nodes.size(); ++i) {
-      infos.push_back({round.nodes[i].role, static_cast<int>(i), round.nodes[i].nproc});
-    }
-    const AssignedRanks mine = assign_ranks(infos)[static_cast<std::size_t>(round.group_rank)];
     g.group_rank = round.group_rank;
     g.group_world_size = round.group_world_size;
-    g.base_global_rank = mine.base_global_rank;
-    g.world_size = mine.global_world_size;
+    g.base_global_rank = round.base_global_rank;
+    g.world_size = round.world_size;
     g.local_world_size = nproc;
-    g.base_role_rank = mine.base_role_rank;
-    g.role_world_size = mine.role_world_size;
+    g.base_role_rank = round.base_role_rank;
+    g.role_world_size = round.role_world_size;
     g.restart_count = round.restart_count;
     g.run_id = config.rdzv_id;
     g.attempt_dir = logs.make_attempt(round.restart_count, nproc);

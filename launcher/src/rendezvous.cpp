@@ -4,13 +4,15 @@
 //   P/r<n>/node/<k>      SET: the k-th node's NodeDesc (JSON)
 //   P/r<n>/noderank/<i>  ADD: static backend, catches two agents with one --node-rank
 //   P/r<n>/seal          COMPARE_SET from absent: the member count m; members are k = 1..m
+//   P/r<n>/assign/<k>    MULTI_SET by the sealer: node k's ranks (Assignment JSON)
 //   P/r<n>/master        "addr:port" of the workers' store (group rank 0 hosts it)
 //   P/r<n>/event         COMPARE_SET from absent: the round's one outcome (RoundEvent JSON);
 //                        also each agent's lease will ("lost") when it dies or goes silent
 //   P/r<n>/finished      ADD: nodes whose workers all succeeded; the last posts "done"
 //   P/r<n>/left, gone    ADD/SET: agents that no longer need the store
-// Per agent and round: ADD round, ADD joined, SET node, WAIT + GET seal (or the sealing
-// COMPARE_SET), WAIT + MULTI_GET nodes: O(1) in the node count.
+// Per agent and round: ADD round, ADD joined, SET node, WAIT + GET seal (the sealer: ADD +
+// COMPARE_SET, then MULTI_GET nodes + MULTI_SET assignments), WAIT + GET its assignment: O(1)
+// requests in the node count, and O(1) bytes except for the sealer's O(N).
 #include "ddp/launch/rendezvous.hpp"
 
 #include <sys/eventfd.h>
@@ -69,7 +71,9 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
     auto seal_now = [&] {
       auto m = std::min<std::int64_t>(store_.add(key(r, "joined"), 0), opts_.max_nodes);
       std::string mine = std::to_string(m);
-      return store_.compare_set(seal_key, "", mine);
+      std::string held = store_.compare_set(seal_key, "", mine);
+      if (held == mine) assign(r, static_cast<int>(m));  // the sealer assigns everyone
+      return held;
     };
     std::string sealed;
     if (k == opts_.max_nodes || (expect >= opts_.min_nodes && k == expect)) {
@@ -114,23 +118,35 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
       continue;
     }
 
-    std::vector<std::string> keys;
-    for (int i = 1; i <= m; ++i) keys.push_back(key(r, "node/" + std::to_string(i)));
-    std::vector<NodeDesc> nodes;
-    for (const auto& text : store_.multi_get(keys)) nodes.push_back(decode_node(text));
-
+    // Written by the sealer right after sealing (GET waits for it, within read_timeout).
+    Assignment a = decode_assignment(store_.get(key(r, "assign/" + std::to_string(k))));
     Round round;
     round.number = r;
-    round.group_world_size = m;
-    round.restart_count = round_restart_count(nodes);
-    for (int i : group_rank_order(nodes, opts_.by_node_rank)) {
-      if (static_cast<std::int64_t>(i + 1) == k) {
-        round.group_rank = static_cast<int>(round.nodes.size());
-      }
-      round.nodes.push_back(nodes[static_cast<std::size_t>(i)]);
-    }
+    round.group_rank = a.group_rank;
+    round.group_world_size = a.group_world_size;
+    round.restart_count = a.restart_count;
+    round.base_global_rank = a.base_global_rank;
+    round.world_size = a.world_size;
+    round.base_role_rank = a.base_role_rank;
+    round.role_world_size = a.role_world_size;
     return round;
   }
+}
+
+// The sealer of round r (m members) reads every description once and writes each node its
+// assignment: O(m) bytes for this node, O(1) for every other.
+void Rendezvous::assign(int r, int m) {
+  std::vector<std::string> keys;
+  for (int i = 1; i <= m; ++i) keys.push_back(key(r, "node/" + std::to_string(i)));
+  std::vector<NodeDesc> nodes;
+  for (const auto& text : store_.multi_get(keys)) nodes.push_back(decode_node(text));
+  const auto assigned = assign_round(nodes, opts_.by_node_rank);
+  std::vector<std::string> akeys, values;
+  for (int i = 1; i <= m; ++i) {
+    akeys.push_back(key(r, "assign/" + std::to_string(i)));
+    values.push_back(encode(assigned[static_cast<std::size_t>(i - 1)]));
+  }
+  store_.multi_set(akeys, values);
 }
 
 int Rendezvous::wait_as_spare(int r, std::chrono::steady_clock::time_point give_up) {

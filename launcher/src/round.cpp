@@ -6,6 +6,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "ddp/launch/rank_assignment.hpp"
 #include "ddp/proto/error.hpp"
 
 namespace ddp::launch {
@@ -94,6 +95,51 @@ int round_restart_count(const std::vector<NodeDesc>& nodes) {
   int rc = 0;
   for (const auto& n : nodes) rc = std::max(rc, n.restart_count);
   return rc;
+}
+
+std::vector<Assignment> assign_round(const std::vector<NodeDesc>& nodes, bool by_node_rank) {
+  const auto order = group_rank_order(nodes, by_node_rank);
+  std::vector<NodeRoleInfo> infos;
+  for (std::size_t g = 0; g < order.size(); ++g) {
+    const NodeDesc& n = nodes[static_cast<std::size_t>(order[g])];
+    infos.push_back({n.role, static_cast<int>(g), n.nproc});
+  }
+  const auto ranks = assign_ranks(infos);
+  const int rc = round_restart_count(nodes);
+  std::vector<Assignment> out(nodes.size());
+  for (std::size_t g = 0; g < order.size(); ++g) {
+    Assignment& a = out[static_cast<std::size_t>(order[g])];
+    a.group_rank = static_cast<int>(g);
+    a.group_world_size = static_cast<int>(nodes.size());
+    a.restart_count = rc;
+    a.base_global_rank = ranks[g].base_global_rank;
+    a.world_size = ranks[g].global_world_size;
+    a.base_role_rank = ranks[g].base_role_rank;
+    a.role_world_size = ranks[g].role_world_size;
+  }
+  return out;
+}
+
+std::string encode(const Assignment& a) {
+  return json{{"group_rank", a.group_rank},          {"group_world_size", a.group_world_size},
+              {"restart_count", a.restart_count},    {"base_global_rank", a.base_global_rank},
+              {"world_size", a.world_size},          {"base_role_rank", a.base_role_rank},
+              {"role_world_size", a.role_world_size}}
+      .dump();
+}
+
+Assignment decode_assignment(std::string_view text) {
+  json j = parse_object(text, "rank assignment");
+  const char* w = "a rank assignment";
+  Assignment a;
+  a.group_rank = field<int>(j, "group_rank", w);
+  a.group_world_size = field<int>(j, "group_world_size", w);
+  a.restart_count = field<int>(j, "restart_count", w);
+  a.base_global_rank = field<int>(j, "base_global_rank", w);
+  a.world_size = field<int>(j, "world_size", w);
+  a.base_role_rank = field<int>(j, "base_role_rank", w);
+  a.role_world_size = field<int>(j, "role_world_size", w);
+  return a;
 }
 
 std::string RoundEvent::describe() const {

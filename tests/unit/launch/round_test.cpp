@@ -92,3 +92,28 @@ TEST_CASE("prefix templates expand torchrun's names and ddprun's", "[unit][launc
   CHECK_THROWS_WITH(expand_prefix("${node}", v), Catch::Contains("unknown ${node}"));
   CHECK_THROWS_WITH(expand_prefix("${rank", v), Catch::Contains("without '}'"));
 }
+
+TEST_CASE("a round's assignments: ranks by order, prefix sums, restart count", "[unit][launch]") {
+  // arrival order: h2 (4 workers), h1 (2 workers, lived through a failure), h1 with a lower pid
+  std::vector<NodeDesc> nodes{node("h2", 5), node("h1", 9, -1, -1, 1), node("h1", 3)};
+  nodes[0].nproc = 4;
+  nodes[1].nproc = 2;
+  nodes[2].nproc = 2;
+  auto a = assign_round(nodes, false);
+  REQUIRE(a.size() == 3);
+  CHECK(a[2].group_rank == 0);  // h1 pid 3
+  CHECK(a[1].group_rank == 1);  // h1 pid 9
+  CHECK(a[0].group_rank == 2);  // h2
+  CHECK(a[2].base_global_rank == 0);
+  CHECK(a[1].base_global_rank == 2);
+  CHECK(a[0].base_global_rank == 4);
+  for (const auto& x : a) {
+    CHECK(x.world_size == 8);
+    CHECK(x.group_world_size == 3);
+    CHECK(x.restart_count == 1);
+  }
+  auto back = decode_assignment(encode(a[0]));
+  CHECK(back.base_global_rank == 4);
+  CHECK(back.role_world_size == 8);
+  CHECK_THROWS_WITH(decode_assignment("{}"), Catch::Contains("lacks 'group_rank'"));
+}

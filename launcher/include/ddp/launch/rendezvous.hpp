@@ -38,7 +38,10 @@ struct Round {
   int group_rank = 0;
   int group_world_size = 1;
   int restart_count = 0;
-  std::vector<NodeDesc> nodes;  // in group-rank order
+  int base_global_rank = 0;
+  int world_size = 1;
+  int base_role_rank = 0;
+  int role_world_size = 1;
 };
 
 class Rendezvous {
@@ -78,6 +81,7 @@ class Rendezvous {
  private:
   std::string key(int round, const std::string& name) const;
   RoundEvent end_round_number(int round, const RoundEvent& event, bool reopen);
+  void assign(int round, int members);
   // Waits for round r's event as a spare; returns the round to join next.
   int wait_as_spare(int r, std::chrono::steady_clock::time_point give_up);
   [[noreturn]] void throw_finished() const;

@@ -35,6 +35,26 @@ std::vector<int> group_rank_order(const std::vector<NodeDesc>& nodes, bool by_no
 // expects 0, the nodes that lived through a failed round expect one more than before).
 int round_restart_count(const std::vector<NodeDesc>& nodes);
 
+// What one node learns when a round forms: computed once by the node that sealed the round
+// (the only one that reads every description), written per node, read by each node alone.
+struct Assignment {
+  int group_rank = 0;
+  int group_world_size = 1;
+  int restart_count = 0;
+  int base_global_rank = 0;  // global rank of the node's local rank 0
+  int world_size = 1;        // workers over all nodes
+  int base_role_rank = 0;
+  int role_world_size = 1;
+};
+
+// Assignments for nodes given in arrival order (index k-1 for arrival k): group ranks by
+// group_rank_order, global and role ranks by assign_ranks (torch's prefix sums), and the
+// round's restart count.
+std::vector<Assignment> assign_round(const std::vector<NodeDesc>& nodes, bool by_node_rank);
+
+std::string encode(const Assignment& a);
+Assignment decode_assignment(std::string_view text);  // throws ddp::ProtocolError
+
 struct RoundEvent {
   enum class Kind { done, failure, signal, join, lost };
   Kind kind = Kind::done;
