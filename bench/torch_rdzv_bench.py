@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -168,13 +169,17 @@ def client(port: int, timeout_s: float):
 def calibrate(binary: Path, workdir: Path) -> int:
     """Requests a bare TCPStore client connect costs on ddprund, with OP_COST checked too."""
     d = Ddprund(binary, workdir / "cal-connect")
-    del_store = client(d.port, 10)
-    del del_store
+    s = client(d.port, 10)
+    del s
     connect = d.stop()[1]
 
     d = Ddprund(binary, workdir / "cal-ops")
     s = client(d.port, 10)
-    s.add("k", 1), s.set("v", "x"), s.wait(["v"]), s.check(["v"]), s.get("v")
+    s.add("k", 1)
+    s.set("v", "x")
+    s.wait(["v"])
+    s.check(["v"])
+    s.get("v")
     del s
     total = d.stop()[1]
     if total != connect + sum(OP_COST.values()):
@@ -202,11 +207,27 @@ class Round:
     children: list = field(default_factory=list)
 
 
+def watch_agents(procs: list[subprocess.Popen], port: int, stop: threading.Event) -> None:
+    """Fails the round as soon as an agent dies (an agent exits 0 only after its DONE): sets
+    both keys the parent may be blocked on, through a connection of its own. torch's wait()
+    releases the GIL, so this thread runs while the parent blocks."""
+    while not stop.wait(0.02):
+        dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+        if dead:
+            s = client(port, 10)
+            for key in (ALL_READY, ALL_DONE):
+                s.set(key, f"fail: agent {dead[0][0]} exited {dead[0][1]}")
+            return
+
+
 def run_round(args, n: int, rep: int, connect_cost: int | None, workdir: Path) -> Round:
     r = Round(agents=n, rep=rep, store=args.store)
     workdir.mkdir(parents=True)
     daemon = None
     host_store = None
+    store = None
+    stop_watch = threading.Event()
+    watcher = None
     procs: list[subprocess.Popen] = []
     logs = []
     try:
@@ -231,6 +252,9 @@ def run_round(args, n: int, rep: int, connect_cost: int | None, workdir: Path) -
                  "--timeout", str(args.timeout), "--join-timeout", str(args.join_timeout),
                  "--last-call-timeout", str(args.last_call_timeout)],
                 stdout=log, stderr=subprocess.STDOUT))
+        watcher = threading.Thread(target=watch_agents, args=(procs, port, stop_watch),
+                                   daemon=True)
+        watcher.start()
 
         # Agents' SIGALRM fires after args.timeout; ours a bit later, so a wedged agent shows
         # up as a failed agent rather than as a parent timeout.
@@ -245,6 +269,8 @@ def run_round(args, n: int, rep: int, connect_cost: int | None, workdir: Path) -
         if (v := store.get(ALL_DONE)) != OK:
             raise RuntimeError(v.decode())
         r.round_s = t_end - t_go
+        stop_watch.set()
+        watcher.join()
 
         for i, p in enumerate(procs):
             rc = p.wait(timeout=30)
@@ -260,18 +286,24 @@ def run_round(args, n: int, rep: int, connect_cost: int | None, workdir: Path) -
         r.ok = True
     except Exception as e:
         r.error = f"{type(e).__name__}: {e}"
-        for i, log in enumerate(logs):
-            log.flush()
-            tail = (workdir / f"agent{i}.log").read_text()[-2000:]
-            if tail.strip():
-                r.error += f"\n--- agent {i} log tail ---\n{tail}"
     finally:
+        stop_watch.set()
+        if watcher:
+            watcher.join()
+        grace_end = time.monotonic() + 2  # lets failing agents finish their tracebacks
         for p in procs:  # only the processes this function started
-            if p.poll() is None:
+            try:
+                p.wait(timeout=max(0.0, grace_end - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 p.kill()
-            p.wait()
+                p.wait()
         for log in logs:
             log.close()
+        if not r.ok:  # the agents are reaped, so their logs are complete
+            for i in range(len(logs)):
+                tail = (workdir / f"agent{i}.log").read_text()[-1500:]
+                if tail.strip():
+                    r.error += f"\n--- agent {i} log tail ---\n{tail}"
         if daemon:
             del store
             served = daemon.stop()

@@ -144,8 +144,17 @@ struct StoreServer::Impl {
     asio::post(session->executor(), [session] { session->start(); });
   }
 
+  // Expires leases on the server's clock: the timer is set for the next lease to expire
+  // (at most kSweepPeriod away), so a will fires within about a millisecond of its TTL.
   void sweep() {
-    sweeper->expires_after(kSweepPeriod);
+    Millis wait = kSweepPeriod;
+    {
+      std::lock_guard<std::mutex> g(shared.mu);
+      if (auto next = shared.table.next_expiry()) {
+        wait = std::clamp(*next - shared.now() + Millis(1), Millis(1), kSweepPeriod);
+      }
+    }
+    sweeper->expires_after(wait);
     sweeper->async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
       std::vector<std::shared_ptr<Session>> wake;
