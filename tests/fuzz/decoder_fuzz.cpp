@@ -33,7 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       table.cancel(1 + (size & 3));
     }
     now += ddp::rdzv::Millis(7);
-    table.expire(now);
+    table.expire(now, woken);                                         // wills fire here
+    if ((size & 4) != 0) table.release_owner(1 + (size & 3), woken);  // a connection closes
     rest = rest.subspan(r.consumed);
   }
   return 0;
