@@ -72,7 +72,7 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
       auto m = std::min<std::int64_t>(store_.add(key(r, "joined"), 0), opts_.max_nodes);
       std::string mine = std::to_string(m);
       std::string held = store_.compare_set(seal_key, "", mine);
-      if (held == mine) assign(r, static_cast<int>(m));  // the sealer assigns everyone
+      if (held == mine) assign(r, static_cast<int>(m), give_up);  // the sealer assigns all
       return held;
     };
     std::string sealed;
@@ -120,6 +120,13 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
 
     // Written by the sealer right after sealing (GET waits for it, within read_timeout).
     Assignment a = decode_assignment(store_.get(key(r, "assign/" + std::to_string(k))));
+    if (a.abandoned) {
+      // A member died before describing itself; its lease will ended the round. The others
+      // form the next one at once.
+      ++r;
+      expect = m - 1;
+      continue;
+    }
     Round round;
     round.number = r;
     round.group_rank = a.group_rank;
@@ -135,17 +142,37 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
 
 // The sealer of round r (m members) reads every description once and writes each node its
 // assignment: O(m) bytes for this node, O(1) for every other.
-void Rendezvous::assign(int r, int m) {
+void Rendezvous::assign(int r, int m, std::chrono::steady_clock::time_point give_up) {
   std::vector<std::string> keys;
   for (int i = 1; i <= m; ++i) keys.push_back(key(r, "node/" + std::to_string(i)));
+  std::vector<std::string> akeys;
+  for (int i = 1; i <= m; ++i) akeys.push_back(key(r, "assign/" + std::to_string(i)));
+  // Normally every description is there already (each is written right after its arrival
+  // number). A member that died in between never writes one: its lease will posts the round's
+  // event, and the round is abandoned instead of waiting for it.
+  while (true) {
+    try {
+      store_.wait(keys, milliseconds(1000));
+      break;
+    } catch (const TimeoutError&) {
+      if (store_.check({key(r, "event")})) {
+        Assignment gone;
+        gone.abandoned = true;
+        store_.multi_set(akeys, std::vector<std::string>(akeys.size(), encode(gone)));
+        return;
+      }
+      if (std::chrono::steady_clock::now() > give_up) {
+        throw TimeoutError("rendezvous '" + opts_.run_id + "': round " + std::to_string(r) +
+                           " sealed with " + std::to_string(m) +
+                           " members, but not all described themselves within the join timeout");
+      }
+    }
+  }
   std::vector<NodeDesc> nodes;
   for (const auto& text : store_.multi_get(keys)) nodes.push_back(decode_node(text));
   const auto assigned = assign_round(nodes, opts_.by_node_rank);
-  std::vector<std::string> akeys, values;
-  for (int i = 1; i <= m; ++i) {
-    akeys.push_back(key(r, "assign/" + std::to_string(i)));
-    values.push_back(encode(assigned[static_cast<std::size_t>(i - 1)]));
-  }
+  std::vector<std::string> values;
+  for (int i = 1; i <= m; ++i) values.push_back(encode(assigned[static_cast<std::size_t>(i - 1)]));
   store_.multi_set(akeys, values);
 }
 

@@ -121,6 +121,7 @@ std::vector<Assignment> assign_round(const std::vector<NodeDesc>& nodes, bool by
 }
 
 std::string encode(const Assignment& a) {
+  if (a.abandoned) return json{{"abandoned", true}}.dump();
   return json{{"group_rank", a.group_rank},          {"group_world_size", a.group_world_size},
               {"restart_count", a.restart_count},    {"base_global_rank", a.base_global_rank},
               {"world_size", a.world_size},          {"base_role_rank", a.base_role_rank},
@@ -132,6 +133,10 @@ Assignment decode_assignment(std::string_view text) {
   json j = parse_object(text, "rank assignment");
   const char* w = "a rank assignment";
   Assignment a;
+  if (auto it = j.find("abandoned"); it != j.end() && it->is_boolean() && it->get<bool>()) {
+    a.abandoned = true;
+    return a;
+  }
   a.group_rank = field<int>(j, "group_rank", w);
   a.group_world_size = field<int>(j, "group_world_size", w);
   a.restart_count = field<int>(j, "restart_count", w);

@@ -81,7 +81,7 @@ class Rendezvous {
  private:
   std::string key(int round, const std::string& name) const;
   RoundEvent end_round_number(int round, const RoundEvent& event, bool reopen);
-  void assign(int round, int members);
+  void assign(int round, int members, std::chrono::steady_clock::time_point give_up);
   // Waits for round r's event as a spare; returns the round to join next.
   int wait_as_spare(int r, std::chrono::steady_clock::time_point give_up);
   [[noreturn]] void throw_finished() const;

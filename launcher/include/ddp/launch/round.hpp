@@ -45,6 +45,7 @@ struct Assignment {
   int world_size = 1;        // workers over all nodes
   int base_role_rank = 0;
   int role_world_size = 1;
+  bool abandoned = false;  // the round ended before it formed (a member died): go on to the next
 };
 
 // Assignments for nodes given in arrival order (index k-1 for arrival k): group ranks by
