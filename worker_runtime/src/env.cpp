@@ -17,8 +17,7 @@ std::optional<std::string> find(const Env& env, const std::string& name) {
   return it->second;
 }
 
-long long parse_int(const std::string& name, const std::string& text, long long lo,
-                    long long hi) {
+long long parse_int(const std::string& name, const std::string& text, long long lo, long long hi) {
   long long v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {

@@ -23,9 +23,8 @@ TEST_CASE("the agent reads what a worker reports", "[unit][worker]") {
   CHECK(read->message == "ConfigError: WORLD_SIZE is not set");
   CHECK(read->traceback == "at read_worker_env\nat main");
   REQUIRE(read->timestamp.has_value());
-  auto now = std::chrono::duration<double>(
-                 std::chrono::system_clock::now().time_since_epoch())
-                 .count();
+  auto now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   CHECK(*read->timestamp <= now);
   CHECK(*read->timestamp > now - 60);
   CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}) == 1);  // no tmp
