@@ -253,6 +253,36 @@ def test_torchrun_c10d_rendezvous_on_ddprund(tmp_path):
         assert d.stop() == 0, d.output()
 
 
+def test_two_torchrun_agents_form_a_job_on_ddprund(tmp_path):
+    """Two real torchrun agents (two "nodes", one worker each) run their own c10d rendezvous
+    to completion with ddprund as the only store (issue 4)."""
+    d = Daemon()
+    procs = []
+    try:
+        script = tmp_path / "job.py"
+        script.write_text(TORCHRUN_SCRIPT)
+        env = dict(os.environ, OUT_DIR=str(tmp_path))
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                 "--nproc-per-node=1", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint=127.0.0.1:{d.port}", "--rdzv-id=job2n",
+                 "--rdzv-conf=is_host=false", "--local-addr=127.0.0.1", str(script)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        for p in procs:
+            out, _ = p.communicate(timeout=240)
+            assert p.returncode == 0, out
+        # all-reduce of (rank + 1) over two ranks, world size 2, one worker per node
+        assert (tmp_path / "rank0").read_text() == "3 2 0"
+        assert (tmp_path / "rank1").read_text() == "3 2 0"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert d.stop() == 0, d.output()
+
+
 def test_hostile_clients_do_not_disturb_a_torch_client():
     """200 connections of random bytes, truncated frames and oversized lengths, while a real
     torch client keeps working; ddprund logs each offender and stays up."""
