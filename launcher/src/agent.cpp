@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -325,12 +326,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
                                           "--rdzv-conf keep_alive_interval");
   int keep_alive_attempts = 3;
   if (auto it = config.rdzv_conf.find("keep_alive_max_attempt"); it != config.rdzv_conf.end()) {
-    try {
-      keep_alive_attempts = std::stoi(it->second);
-    } catch (const std::exception&) {
-      keep_alive_attempts = 0;
-    }
-    if (keep_alive_attempts <= 0) {
+    const std::string& t = it->second;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), keep_alive_attempts);
+    if (ec != std::errc() || end != t.data() + t.size() || keep_alive_attempts <= 0) {
       throw ConfigError("--rdzv-conf keep_alive_max_attempt '" + it->second +
                         "' is not a positive integer");
     }

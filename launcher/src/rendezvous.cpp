@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include "ddp/proto/error.hpp"
@@ -26,6 +27,19 @@
 namespace ddp::launch {
 
 using std::chrono::milliseconds;
+
+namespace {
+// A number another agent wrote to the store; anything else is named, not a bare "stoi".
+int stored_int(const std::string& key, const std::string& text, int lo, int hi) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) {
+    throw ProtocolError("the store holds '" + text.substr(0, 100) + "' under " + key +
+                        ", not a number in " + std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  return v;
+}
+}  // namespace
 
 Rendezvous::Rendezvous(rdzv::StoreClient& store, RendezvousOptions options)
     : store_(store), opts_(std::move(options)), prefix_("/ddprun/" + opts_.run_id) {}
@@ -99,7 +113,7 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
       }
       sealed = store_.get(seal_key);
     }
-    const int m = std::stoi(sealed);
+    const int m = stored_int(seal_key, sealed, 1, opts_.max_nodes);
     if (k > m) {
       // Sealed just before this node: ask for a bigger round (scale up), or be a spare.
       if (m < opts_.max_nodes) {
@@ -214,7 +228,8 @@ std::pair<std::string, std::uint16_t> Rendezvous::master(const Round& round) {
   std::string v = store_.get(key(round.number, "master"));
   auto colon = v.rfind(':');
   if (colon == std::string::npos) throw ProtocolError("bad master address in the store: " + v);
-  return {v.substr(0, colon), static_cast<std::uint16_t>(std::stoi(v.substr(colon + 1)))};
+  return {v.substr(0, colon), static_cast<std::uint16_t>(stored_int(
+                                  key(round.number, "master"), v.substr(colon + 1), 1, 65535))};
 }
 
 RoundEvent Rendezvous::end_round(const Round& round, const RoundEvent& event, bool reopen) {

@@ -314,3 +314,13 @@ TEST_CASE("a member that dies before describing itself does not stall the round"
   CHECK(round.group_world_size == 1);
   CHECK(round.group_rank == 0);
 }
+
+TEST_CASE("garbage another client wrote in the round is named, not a crash",
+          "[integration][launch]") {
+  Store s;
+  auto c = s.client();
+  c->set("/ddprun/junk/r0/seal", "lots");  // a hostile or broken client got there first
+  Rendezvous r(*c, {"junk", 1, 1, false, 5s});
+  CHECK_THROWS_WITH(r.next_round(desc(0)),
+                    Catch::Contains("'lots' under /ddprun/junk/r0/seal, not a number"));
+}
