@@ -14,3 +14,11 @@ if(DDP_WITH_CUDA)
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
 endif()
+# The worker runtime and ddp-train: Gloo (CPU collectives), OpenBLAS (matrix products), zlib
+# (gzipped IDX files). Debian: libgloo-dev, libopenblas-dev, zlib1g-dev.
+find_package(Gloo REQUIRED)
+find_package(ZLIB REQUIRED)
+find_library(OPENBLAS_LIBRARY NAMES openblas REQUIRED)
+find_path(OPENBLAS_INCLUDE_DIR cblas.h
+          HINTS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas
+          NO_DEFAULT_PATH REQUIRED)

@@ -2,6 +2,8 @@
 // _start_workers and run.py's command assembly); see worker_env.hpp.
 #include "ddp/launch/worker_env.hpp"
 
+#include <fstream>
+
 namespace ddp::launch {
 namespace {
 
@@ -17,6 +19,13 @@ std::string substitute_local_rank(std::string arg, int local_rank) {
 }
 
 }  // namespace
+
+bool is_native_executable(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, sizeof magic) && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' &&
+         magic[3] == 'F';
+}
 
 std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
                                      const EnvMap& agent_env) {

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "ddp/launch/agent.hpp"
+#include "ddp/launch/worker_env.hpp"
 #include "ddp/proto/error.hpp"
 
 extern char** environ;
@@ -20,8 +21,14 @@ int main(int argc, char** argv) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;
   }
+  // Unlike torchrun, a compiled program (ELF) needs no --no-python: python could not run it.
+  auto& config = *parsed.config;
+  if (!config.no_python && !config.module && !config.run_path &&
+      ddp::launch::is_native_executable(config.entrypoint)) {
+    config.no_python = true;
+  }
   try {
-    return ddp::launch::run_agent(*parsed.config, env);
+    return ddp::launch::run_agent(config, env);
   } catch (const ddp::ConfigError& e) {
     std::cerr << "ddprun: " << e.what() << "\n";
     return 2;

@@ -46,6 +46,14 @@ TEST_CASE("python scripts run under python -u, modules with -m, ${local_rank} su
   CHECK(worker_argv(n, 1, {}) == std::vector<std::string>{"/bin/echo", "11"});
 }
 
+TEST_CASE("a compiled program is recognised (run without python); scripts are not",
+          "[unit][launch]") {
+  CHECK(is_native_executable("/proc/self/exe"));
+  CHECK_FALSE(is_native_executable(__FILE__));  // source text
+  CHECK_FALSE(is_native_executable("/nonexistent/ddp-train"));
+  CHECK_FALSE(is_native_executable("/dev/null"));  // shorter than the magic
+}
+
 TEST_CASE("the environment torchrun 2.x exports, on top of the agent's", "[unit][launch]") {
   auto c = config({"--max-restarts=3", "--role=trainer", "x.py"});
   auto env = worker_env(c, two_nodes_second(), 2, {{"PATH", "/bin"}, {"RANK", "stale"}});

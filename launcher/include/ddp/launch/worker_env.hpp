@@ -30,6 +30,10 @@ struct GroupInfo {
   std::string attempt_dir;  // <log_dir>/<run>/attempt_<n>; empty: no error files
 };
 
+// True when `path` is an ELF file (a compiled program), which ddprun runs directly, as with
+// --no-python: python could not run it. Torchrun would hand it to python and fail.
+bool is_native_executable(const std::string& path);
+
 // The worker's argv. PYTHON_EXEC in `agent_env` replaces the python executable.
 std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
                                      const EnvMap& agent_env);

@@ -1,0 +1,243 @@
+// ddp-train's pure pieces: IDX parsing, the sampler, every layer's gradient against finite
+// differences, the optimizers against torch's formulas, bucket plans, snapshot encoding.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+
+#include "data.hpp"
+#include "ddp/kernels/cpu_ref.hpp"
+#include "ddp/proto/error.hpp"
+#include "model.hpp"
+#include "optimizer.hpp"
+#include "reducer.hpp"
+#include "sampler.hpp"
+#include "snapshot.hpp"
+
+using namespace ddp::train;
+
+namespace {
+
+std::string idx_bytes(std::vector<std::uint32_t> dims, std::size_t payload) {
+  std::string b = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (auto d : dims) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<char>((d >> s) & 0xff));
+  }
+  for (std::size_t i = 0; i < payload; ++i) b.push_back(static_cast<char>(i % 251));
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("IDX: dimensions and data are read; a bad file is named with what is wrong",
+          "[unit][train]") {
+  auto a = parse_idx(idx_bytes({2, 3, 4}, 24), "x.idx");
+  CHECK(a.dims == std::vector<std::uint32_t>{2, 3, 4});
+  CHECK(a.data.size() == 24);
+  CHECK(a.data[5] == 5);
+  CHECK_THROWS_WITH(parse_idx(idx_bytes({2, 3, 4}, 23), "x.idx"),
+                    Catch::Contains("x.idx") && Catch::Contains("truncated"));
+  CHECK_THROWS_WITH(parse_idx(idx_bytes({2}, 3), "y.idx"), Catch::Contains("3 bytes"));
+  CHECK_THROWS_WITH(parse_idx("GIF89a....", "z.idx"), Catch::Contains("bad magic"));
+  std::string floats = idx_bytes({1}, 1);
+  floats[2] = 0x0D;
+  CHECK_THROWS_WITH(parse_idx(floats, "f.idx"), Catch::Contains("not supported"));
+  CHECK_THROWS_AS(parse_idx("", "e.idx"), ddp::ConfigError);
+  CHECK_THROWS_WITH(read_idx_file("/nonexistent/train.gz"), Catch::Contains("/nonexistent/train.gz"));
+  CHECK_THROWS_WITH(load_fashion_mnist("/nonexistent", true, 0), Catch::Contains("--data /nonexistent"));
+}
+
+TEST_CASE("sampler: ranks split a padded permutation like DistributedSampler", "[unit][train]") {
+  const std::size_t n = 10;
+  const int world = 3;  // 10 -> 12 padded, 4 per rank
+  std::multiset<std::uint32_t> all;
+  for (int r = 0; r < world; ++r) {
+    auto mine = shard_indices(n, world, r, 7, 0);
+    CHECK(mine.size() == 4);
+    all.insert(mine.begin(), mine.end());
+  }
+  CHECK(all.size() == 12);
+  for (std::uint32_t i = 0; i < n; ++i) CHECK(all.count(i) >= 1);  // every sample is seen
+  // Deterministic per (seed, epoch); reshuffled per epoch; unshuffled is the identity.
+  CHECK(shard_indices(n, world, 1, 7, 0) == shard_indices(n, world, 1, 7, 0));
+  CHECK(shard_indices(1000, 2, 0, 7, 0) != shard_indices(1000, 2, 0, 7, 1));
+  CHECK(shard_indices(1000, 2, 0, 7, 0) != shard_indices(1000, 2, 0, 8, 0));
+  CHECK(shard_indices(6, 2, 1, 0, 0, false) == std::vector<std::uint32_t>{1, 3, 5});
+  // One rank with batch B sees, in its first batch, exactly the union of N ranks' first B/N.
+  auto one = shard_indices(64, 1, 0, 3, 2);
+  std::set<std::uint32_t> first8(one.begin(), one.begin() + 8), unioned;
+  for (int r = 0; r < 2; ++r) {
+    auto mine = shard_indices(64, 2, r, 3, 2);
+    unioned.insert(mine.begin(), mine.begin() + 4);
+  }
+  CHECK(first8 == unioned);
+  CHECK(shard_indices(3, 8, 7, 0, 0).size() == 1);  // padding repeats when world > n
+}
+
+namespace {
+
+// Central finite differences of the batch-mean loss against backward's gradient, for every
+// parameter of a small model of the given layers.
+void check_gradients(ModelSpec spec) {
+  Model model(spec);
+  model.init(3);
+  const std::size_t rows = 3;
+  const std::size_t in = spec.layers.front().in;
+  const std::size_t out = spec.layers.back().out;
+  SplitMix64 rng(11);
+  std::vector<float> x(rows * in), t(rows * out);
+  std::vector<std::uint8_t> labels(rows);
+  for (auto& v : x) v = rng.uniform() * 2.0f - 1.0f;
+  if (spec.autoencoder) {
+    for (auto& v : x) v = (v + 1.0f) / 2.0f;  // pixels
+    t = x;
+  } else {
+    for (auto& v : t) v = rng.uniform();
+  }
+  for (auto& l : labels) l = static_cast<std::uint8_t>(rng.next() % out);
+  auto loss_at = [&]() {
+    model.forward(x.data(), rows);
+    return model.loss(labels.data(), t.data(), rows, 1.0f / rows) / rows;
+  };
+  model.zero_grads();
+  loss_at();
+  std::vector<std::size_t> done;
+  model.backward(x.data(), rows, [&](std::size_t layer) { done.push_back(layer); });
+  std::vector<std::size_t> expect(spec.layers.size());
+  std::iota(expect.rbegin(), expect.rend(), 0);
+  CHECK(done == expect);  // layer callbacks come last layer first
+  const std::vector<float> grad = model.grads();
+  auto& p = model.params();
+  std::size_t checked = 0;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < p.size(); i += 1 + p.size() / 400) {
+    const float keep = p[i];
+    const float h = 1e-2f;
+    p[i] = keep + h;
+    const double up = loss_at();
+    p[i] = keep - h;
+    const double down = loss_at();
+    p[i] = keep;
+    const double fd = (up - down) / (2.0 * h);
+    const double err = std::abs(fd - grad[i]) / std::max(1e-2, std::abs(fd) + std::abs(grad[i]));
+    worst = std::max(worst, err);
+    ++checked;
+  }
+  INFO(spec.name << ": worst relative error " << worst << " over " << checked << " parameters");
+  CHECK(checked > 10);
+  CHECK(worst < 2e-2);
+}
+
+}  // namespace
+
+TEST_CASE("gradients of every layer kind match finite differences", "[unit][train]") {
+  SECTION("relu layers + softmax cross-entropy") {
+    check_gradients({"small-mlp",
+                     {{6, 5, Act::relu}, {5, 4, Act::relu}, {4, 3, Act::none}},
+                     Loss::cross_entropy,
+                     false});
+  }
+  SECTION("sigmoid output + mse against the input (autoencoder)") {
+    check_gradients(
+        {"small-ae", {{6, 4, Act::relu}, {4, 6, Act::sigmoid}}, Loss::mse, true});
+  }
+  SECTION("linear regression") { check_gradients({"lin", {{5, 2, Act::none}}, Loss::mse, false}); }
+  SECTION("the shipped models' shapes") {
+    CHECK(Model(model_spec("mlp")).param_count() == 784 * 256 + 256 + 256 * 128 + 128 + 1290);
+    CHECK(Model(model_spec("autoencoder")).param_count() ==
+          784 * 128 + 128 + 2 * (128 * 128 + 128) + 128 * 784 + 784);
+    CHECK(Model(model_spec("linear")).param_count() == 21);
+    CHECK_THROWS_WITH(model_spec("resnet"), Catch::Contains("--model 'resnet'"));
+  }
+}
+
+TEST_CASE("optimizers follow torch's formulas", "[unit][train]") {
+  SECTION("SGD with momentum") {
+    Optimizer opt({"sgd", 0.1f, 0.9f}, 1);
+    float p = 1.0f;
+    const float g = 2.0f;
+    opt.step(&p, &g);  // buf = 2, p = 1 - 0.2
+    CHECK(p == Approx(0.8f));
+    opt.step(&p, &g);  // buf = 0.9*2 + 2 = 3.8, p = 0.8 - 0.38
+    CHECK(p == Approx(0.42f));
+  }
+  SECTION("Adam: the first step moves each parameter by lr against its gradient's sign") {
+    Optimizer opt({"adam", 0.01f}, 2);
+    float p[2] = {1.0f, -1.0f};
+    const float g[2] = {0.5f, -3.0f};
+    opt.step(p, g);
+    CHECK(p[0] == Approx(0.99f).epsilon(1e-5));
+    CHECK(p[1] == Approx(-0.99f).epsilon(1e-5));
+    CHECK(opt.steps() == 1);
+    // m = 0.1 g, v = 0.001 g^2
+    CHECK(opt.state()[0] == Approx(0.05f));
+    CHECK(opt.state()[2] == Approx(0.00025f).epsilon(1e-4));  // 1 - 0.999f is not exact
+  }
+  CHECK_THROWS_WITH(Optimizer({"lamb"}, 1), Catch::Contains("--optimizer 'lamb'"));
+}
+
+TEST_CASE("buckets: whole layers, last layer first, contiguous, the first one small",
+          "[unit][train]") {
+  Model m(model_spec("mlp"));
+  auto one = plan_buckets(m, 1 << 20, 25u << 20);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].begin == 0);
+  CHECK(one[0].end == m.param_count());
+  CHECK(one[0].last_layer == 0);
+  auto many = plan_buckets(m, 4096, 200 * 1024);  // 128x10 alone, 256x128 alone, 784x256 alone
+  REQUIRE(many.size() == 3);
+  CHECK(many[0].last_layer == 2);
+  CHECK(many[1].last_layer == 1);
+  CHECK(many[2].last_layer == 0);
+  for (std::size_t i = 1; i < many.size(); ++i) CHECK(many[i].begin == many[i - 1].end);
+  CHECK(many.back().end == m.param_count());
+}
+
+TEST_CASE("snapshot: round trip; corruption, truncation and garbage are named", "[unit][train]") {
+  Snapshot s;
+  s.header.model = "mlp";
+  s.header.optimizer = "adam";
+  s.header.epoch = 2;
+  s.header.step = 17;
+  s.header.global_step = 957;
+  s.header.adam_t = 957;
+  s.header.seed = 42;
+  s.header.lr = 1e-3;
+  s.header.world_size = 2;
+  s.header.batch_size = 64;
+  s.params = {1.5f, -2.0f, 3.25f};
+  s.opt_state = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f};
+  const std::string bytes = encode_snapshot(s);
+  CHECK(bytes.substr(0, 8) == "DDPSNAP1");
+  Snapshot r = decode_snapshot(bytes, "snap");
+  CHECK(r.header.model == "mlp");
+  CHECK(r.header.step == 17);
+  CHECK(r.header.global_step == 957);
+  CHECK(r.header.seed == 42);
+  CHECK(r.params == s.params);
+  CHECK(r.opt_state == s.opt_state);
+  std::string flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x01;
+  CHECK_THROWS_WITH(decode_snapshot(flipped, "snap"), Catch::Contains("snap") && Catch::Contains("checksum"));
+  CHECK_THROWS_WITH(decode_snapshot(bytes.substr(0, bytes.size() - 5), "snap"),
+                    Catch::Contains("checksum"));
+  CHECK_THROWS_WITH(decode_snapshot("hello world, not a snapshot", "g"), Catch::Contains("magic"));
+  CHECK(fnv1a64("a", 1) == 0xaf63dc4c8601ec8cull);  // the published FNV-1a 64 test vector
+  CHECK_FALSE(read_snapshot_file("/nonexistent/dir/snap").has_value());
+}
+
+TEST_CASE("cpu references: softmax cross-entropy and mse", "[unit][train]") {
+  const float logits[3] = {0.0f, 0.0f, 0.0f};
+  const std::uint8_t label = 1;
+  float d[3];
+  CHECK(ddp::kernels::cpu::softmax_xent(logits, &label, d, 1, 3, 1.0f) == Approx(std::log(3.0)));
+  CHECK(d[0] == Approx(1.0 / 3));
+  CHECK(d[1] == Approx(1.0 / 3 - 1));
+  const float big[2] = {1000.0f, 0.0f};  // stable: no overflow
+  const std::uint8_t zero = 0;
+  CHECK(ddp::kernels::cpu::softmax_xent(big, &zero, d, 1, 2, 1.0f) == Approx(0.0).margin(1e-6));
+  const float y[2] = {1.0f, 3.0f}, t[2] = {0.0f, 1.0f};
+  CHECK(ddp::kernels::cpu::mse(y, t, d, 2, 0.5f) == Approx(5.0));
+  CHECK(d[1] == Approx(2.0f));
+}

@@ -1,0 +1,160 @@
+// ddp-train: the built-in data-parallel trainer, one process per rank under ddprun or torchrun
+// (docs/ddp_train.md). Parses the command line, reads the worker environment, connects the
+// communicator through the job's store, and reports errors in torchrun's error-file format.
+#include <cblas.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/worker/comm.hpp"
+#include "ddp/worker/env.hpp"
+#include "ddp/worker/error_file.hpp"
+#include "trainer.hpp"
+
+extern char** environ;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_save_request{false};
+
+void on_stop(int sig) { g_stop_signal.store(sig); }
+void on_save(int) { g_save_request.store(true); }
+
+void install_signals() {
+  struct sigaction sa {};
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = on_stop;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  sa.sa_handler = on_save;
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+
+std::map<std::string, std::string> environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv(*e);
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+int default_threads(const std::map<std::string, std::string>& env) {
+  if (auto it = env.find("OMP_NUM_THREADS"); it != env.end()) {
+    try {
+      const int n = std::stoi(it->second);
+      if (n >= 1) return n;
+    } catch (const std::exception&) {
+    }
+  }
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ddp;
+  const auto env = environment();
+  train::TrainOptions o;
+  int threads = default_threads(env);
+  std::string backend = "gloo";
+  bool no_eval = false;
+  CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
+  app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
+  app.add_option("SAVE_EVERY", o.save_every, "write the snapshot every N epochs (0: never)")
+      ->required();
+  app.add_option("--batch-size", o.batch_size, "samples per rank per step")->capture_default_str();
+  app.add_option("--model", o.model, "mlp | autoencoder | linear");
+  app.add_option("--dataset", o.dataset, "fashion-mnist | synthetic")->capture_default_str();
+  app.add_option("--data", o.data_dir, "folder of the IDX files")->capture_default_str();
+  app.add_option("--train-subset", o.train_subset, "use the first N training samples");
+  app.add_option("--synthetic-size", o.synthetic_size, "samples of the synthetic dataset")
+      ->capture_default_str();
+  app.add_option("--lr", o.optimizer.lr, "learning rate")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer.kind, "sgd | adam")->capture_default_str();
+  app.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation and shuffle seed")->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
+      ->capture_default_str();
+  app.add_option("--snapshot", o.snapshot, "snapshot path (\"\": none)")->capture_default_str();
+  app.add_option("--metrics-json", o.metrics_json, "rank 0 writes the run's figures here");
+  app.add_option("--threads", threads, "BLAS threads per rank (default OMP_NUM_THREADS or 1)");
+  app.add_option("--backend", backend, "gloo | nccl")->capture_default_str();
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "gradient bucket size")->capture_default_str();
+  app.add_option("--max-steps", o.max_steps, "stop after N optimizer steps (0: no limit)");
+  app.add_option("--log-every", o.log_every, "progress line every N steps (0: ~10 per epoch)");
+  app.add_flag("--no-eval", no_eval, "skip the test-set evaluation");
+  try {
+    app.parse(argc, argv);
+    o.eval = !no_eval;
+    if (auto it = env.find("DDP_TRAIN_FAULT"); it != env.end()) o.fault = it->second;
+    if (threads < 1) throw ConfigError("--threads must be >= 1");
+    if (backend != "gloo" && backend != "nccl") {
+      throw ConfigError("--backend '" + backend + "': expected gloo or nccl");
+    }
+    train::validate(o);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const ConfigError& e) {
+    std::cerr << "ddp-train: error: " << e.what() << "\n";
+    return 2;
+  }
+  openblas_set_num_threads(threads);
+  install_signals();
+
+  worker::WorkerEnv wenv;
+  std::string rank_tag = "ddp-train";
+  try {
+    train::TrainContext ctx;
+    ctx.stop_signal = &g_stop_signal;
+    ctx.save_request = &g_save_request;
+    ctx.out = &std::cout;
+    ctx.tty = ::isatty(STDOUT_FILENO) != 0;
+    std::unique_ptr<worker::WorkerStore> store;
+    std::unique_ptr<worker::Communicator> comm;
+    if (env.count("RANK") != 0) {
+      wenv = worker::read_worker_env(env);
+      rank_tag = "ddp-train rank " + std::to_string(wenv.rank);
+      ctx.rank = wenv.rank;
+      ctx.world = wenv.world_size;
+      ctx.restart_count = wenv.restart_count;
+      if (wenv.world_size > 1 || backend == "nccl") {
+        store = std::make_unique<worker::WorkerStore>(wenv);
+        worker::CommOptions co;
+        co.rank = wenv.rank;
+        co.size = wenv.world_size;
+        co.store = store->client();
+        co.key_prefix = wenv.store_prefix() + "/ddp_train/" + backend;
+        co.route_towards = wenv.master_addr;
+        if (auto it = env.find("GLOO_SOCKET_IFNAME"); it != env.end()) co.iface = it->second;
+        comm = backend == "nccl" ? worker::make_nccl_communicator(co, wenv.local_rank)
+                                 : worker::make_gloo_communicator(co);
+        ctx.comm = comm.get();
+      }
+    }
+    const int code = train::train(o, ctx);
+    std::cout << std::flush;
+    return code;
+  } catch (const std::exception& e) {
+    const char* type = dynamic_cast<const ConfigError*>(&e) != nullptr ? "ConfigError"
+                       : dynamic_cast<const IoError*>(&e) != nullptr   ? "IoError"
+                                                                       : "RuntimeError";
+    std::cout << std::flush;
+    std::cerr << rank_tag << ": error: " << e.what() << "\n" << std::flush;
+    const auto ef = env.find("TORCHELASTIC_ERROR_FILE");
+    // The trace ends like a Python one, "<type>: <message>", so the agent's summary shows it.
+    worker::write_error_file(ef == env.end() ? std::string() : ef->second, type, e.what(),
+                             rank_tag + "\n" + type + ": " + e.what());
+    return worker::kWorkerErrorExitCode;
+  }
+}

@@ -1,0 +1,43 @@
+// ddp-train's snapshot file (format in docs/ddp_train.md): magic, a JSON header, the parameters,
+// the optimizer state and an FNV-1a 64 checksum. Encoding and parsing are pure; the file is
+// written atomically (temporary file, fsync, rename, fsync of the folder).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::train {
+
+struct SnapshotHeader {
+  std::string model;
+  std::string optimizer;
+  std::int64_t epoch = 0;  // the next epoch to run
+  std::int64_t step = 0;   // the next batch in that epoch
+  std::int64_t global_step = 0;
+  std::int64_t adam_t = 0;
+  std::uint64_t seed = 0;
+  double lr = 0;
+  int world_size = 1;
+  int batch_size = 0;
+};
+
+struct Snapshot {
+  SnapshotHeader header;
+  std::vector<float> params;
+  std::vector<float> opt_state;
+};
+
+std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull);
+
+std::string encode_snapshot(const Snapshot& s);
+// Throws ddp::ConfigError "<name>: ..." naming what is wrong (magic, header, sizes, checksum).
+Snapshot decode_snapshot(std::string_view bytes, const std::string& name);
+
+void write_snapshot_file(const std::string& path, const Snapshot& s);
+// nullopt when the file does not exist; throws ConfigError when it cannot be read or is bad.
+std::optional<Snapshot> read_snapshot_file(const std::string& path);
+
+}  // namespace ddp::train
