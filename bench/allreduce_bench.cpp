@@ -37,6 +37,7 @@ struct Args {
   int warmup = 5;
   double target_s = 0.5;
   bool check = false;
+  bool shm = true;
   std::string out;
 };
 
@@ -79,9 +80,11 @@ Args parse_args(int argc, char** argv) {
         a.out = value();
       } else if (opt == "--check") {
         a.check = true;
+      } else if (opt == "--no-shm") {
+        a.shm = false;
       } else {
         throw ddp::ConfigError("unknown option '" + opt +
-                               "' (--sizes LIST --warmup N --target-s S --check --out PATH)");
+                               "' (--sizes LIST --warmup N --target-s S --check --no-shm --out PATH)");
       }
     } catch (const std::invalid_argument&) {
       throw ddp::ConfigError(opt + ": not a number");
@@ -126,6 +129,10 @@ int run(const Args& args) {
   options.key_prefix = env.store_prefix() + "/gloo";
   options.route_towards = env.master_addr;
   auto comm = ddp::worker::make_gloo_communicator(options);
+  // As ddp-train does: ranks that share one host all-reduce through shared memory.
+  if (args.shm && env.local_world_size == env.world_size) {
+    comm = ddp::worker::make_local_communicator(std::move(comm), options);
+  }
   const int n = comm->size();
 
   nlohmann::json results = nlohmann::json::array();

@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# The main job, from a fresh machine: install, build, then serve with ddprund on a free port,
-# make a client round trip (set, get, add, a wait released by another client) with ddpstore,
-# and run a two-node ddprun job against it on this machine: 2 agents x 2 workers, one worker
-# failing once so that both nodes restart together. Issue 5 replaces the worker with ddp-train.
+# The main job, from a fresh machine: install, build, then
+#   1. train the MLP on Fashion-MNIST with ddp-train, 2 ranks under `ddprun --standalone`, to at
+#      least 84% test accuracy (checked), printing progress;
+#   2. serve with ddprund on a free port, make a client round trip with ddpstore, and run a
+#      two-node ddprun job against it on this machine: 2 agents x 1 ddp-train worker, rank 1
+#      killed mid-training once, so that both nodes restart together and resume from the
+#      snapshot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cmake -S . -B build -G Ninja >/dev/null
-ninja -C build ddprund ddpstore ddprun
+ninja -C build ddprund ddpstore ddprun ddp-train
 
 dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+echo "== ddp-train: MLP on Fashion-MNIST, 2 ranks, Adam, batch 64 per rank, 3 epochs =="
+build/bin/ddprun --standalone --nproc-per-node=2 build/bin/ddp-train --optimizer adam --lr 1e-3 \
+  --batch-size 64 --snapshot "$dir/mlp.ddp" --metrics-json "$dir/mlp.json" 3 1
+python3 - "$dir/mlp.json" <<'EOF_CHECK'
+import json, sys
+m = json.load(open(sys.argv[1]))
+acc = m["test_accuracy"]
+print(f"test accuracy {acc:.4f} after {m['epochs_run']} epochs, {m['samples_per_sec']:.0f} samples/s")
+sys.exit(0 if acc >= 0.84 else f"test accuracy {acc:.4f} is below 0.84")
+EOF_CHECK
+echo
+
 build/bin/ddprund --host 127.0.0.1 --port 0 --port-file "$dir/port" &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$dir"' EXIT
@@ -26,20 +42,17 @@ wait $waiter && echo "wait released -> ok"
 echo "num-keys -> $(store num-keys)"
 
 echo
-echo "== two ddprun agents (2 workers each) rendezvous through ddprund; rank 3 fails once =="
-cat >"$dir/worker.sh" <<'EOF_WORKER'
-echo "rank $RANK of $WORLD_SIZE (node $GROUP_RANK, local $LOCAL_RANK), attempt $TORCHELASTIC_RESTART_COUNT"
-if [ "$RANK" = 3 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo "rank 3 fails" >&2; exit 3; fi
-EOF_WORKER
+echo "== two ddprun agents rendezvous through ddprund; ddp-train rank 1 is killed at step 300 =="
 agents=()
 for node in 0 1; do
-  build/bin/ddprun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \
+  DDP_TRAIN_FAULT=1:300 build/bin/ddprun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d \
     --rdzv-endpoint="127.0.0.1:$port" --rdzv-id="demo-$$" --max-restarts=1 \
     --log-line-prefix-template='[node${group_rank} rank${rank}]: ' \
-    --no-python /bin/sh "$dir/worker.sh" & agents+=($!)
+    build/bin/ddp-train --optimizer adam --batch-size 64 --train-subset 20000 --log-every 100 \
+    --snapshot "$dir/demo.ddp" 2 1 & agents+=($!)
 done
 for a in "${agents[@]}"; do wait "$a"; done
-echo "both agents exited 0 after one restart of every node"
+echo "both agents exited 0 after one restart of every node; training resumed from the snapshot"
 kill -TERM $daemon
 wait $daemon && echo "ddprund stopped cleanly"
 trap 'rm -rf "$dir"' EXIT

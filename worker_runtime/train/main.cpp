@@ -139,6 +139,12 @@ int main(int argc, char** argv) {
         if (auto it = env.find("GLOO_SOCKET_IFNAME"); it != env.end()) co.iface = it->second;
         comm = backend == "nccl" ? worker::make_nccl_communicator(co, wenv.local_rank)
                                  : worker::make_gloo_communicator(co);
+        // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
+        const auto shm = env.find("DDP_SHM_ALLREDUCE");
+        if (backend == "gloo" && wenv.local_world_size == wenv.world_size &&
+            (shm == env.end() || shm->second != "0")) {
+          comm = worker::make_local_communicator(std::move(comm), co);
+        }
         ctx.comm = comm.get();
       }
     }

@@ -50,6 +50,12 @@ struct CommOptions {
 
 // Gloo over TCP: ranks publish their addresses under key_prefix and connect a full mesh.
 std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options);
+// For ranks that share one host: all-reduce through a shared-memory segment (created by rank 0,
+// named in the store under key_prefix, unlinked once every rank has mapped it); the other
+// collectives stay with `base`. Collective. Returns `base` itself when any rank cannot map the
+// segment (a note on stderr).
+std::unique_ptr<Communicator> make_local_communicator(std::unique_ptr<Communicator> base,
+                                                      const CommOptions& options);
 // NCCL: rank 0 publishes the ncclUniqueId under key_prefix, the others wait for it. Throws
 // ddp::ConfigError in a build without CUDA.
 std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options, int device);

@@ -1,0 +1,207 @@
+// A shared-memory all-reduce for ranks on one host, in front of another communicator (Gloo):
+// the ranks map one segment; each copies its chunk in, reduces its share of every rank's chunk
+// in a fixed order (so every rank gets the same bits), and copies the result out. Two barriers
+// per chunk, on counters in the segment. Loopback TCP costs several copies and wake-ups per
+// step; this costs three passes over memory. Broadcast, barrier and all-gather stay with the
+// base. A peer that dies is noticed by its pid, so a wait never outlives it.
+#include <fcntl.h>
+#include <immintrin.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/client.hpp"
+#include "ddp/worker/comm.hpp"
+
+namespace ddp::worker {
+namespace {
+
+constexpr std::size_t kLine = 64;
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(std::unique_ptr<Communicator> base, void* mem, std::size_t bytes,
+                  std::size_t chunk, std::chrono::milliseconds timeout)
+      : base_(std::move(base)),
+        mem_(static_cast<char*>(mem)),
+        bytes_(bytes),
+        chunk_(chunk),
+        timeout_(timeout),
+        rank_(base_->rank()),
+        size_(base_->size()) {
+    pid_at(rank_) = ::getpid();
+  }
+  ~ShmCommunicator() override { ::munmap(mem_, bytes_); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "gloo+shm"; }
+
+  void all_reduce_sum(float* data, std::size_t count) override {
+    if (broken_) throw IoError("shm all_reduce: the communicator failed earlier");
+    const auto w = static_cast<std::size_t>(size_);
+    for (std::size_t off = 0; off < count; off += chunk_) {
+      const std::size_t m = std::min(chunk_, count - off);
+      std::memcpy(slot(rank_), data + off, m * sizeof(float));
+      arrive_and_wait("all_reduce", count);
+      // My share of the chunk: [lo, hi), 16-float aligned so shares do not split cache lines.
+      const std::size_t per = ((m + w - 1) / w + 15) / 16 * 16;
+      const std::size_t lo = std::min(m, per * static_cast<std::size_t>(rank_));
+      const std::size_t hi = std::min(m, lo + per);
+      float* res = result();
+      if (lo < hi) {
+        std::memcpy(res + lo, slot(0) + lo, (hi - lo) * sizeof(float));
+        for (int k = 1; k < size_; ++k) {
+          const float* s = slot(k);
+          for (std::size_t i = lo; i < hi; ++i) res[i] += s[i];
+        }
+      }
+      arrive_and_wait("all_reduce", count);
+      std::memcpy(data + off, res, m * sizeof(float));
+      // No third barrier: a rank writes its slot again only for the next chunk, and reaches the
+      // result buffer again only after the next first barrier, which every rank passes after
+      // copying this result out.
+    }
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    base_->broadcast(data, bytes, root);
+  }
+  void barrier() override { base_->barrier(); }
+  void all_gather(const void* in, void* out, std::size_t bytes) override {
+    base_->all_gather(in, out, bytes);
+  }
+
+  static std::size_t control_bytes(int size) {
+    return (static_cast<std::size_t>(size) * (kLine + sizeof(std::int32_t)) + 4095) / 4096 * 4096;
+  }
+
+ private:
+  std::atomic_ref<std::uint64_t> seq(int r) {
+    return std::atomic_ref<std::uint64_t>(
+        *reinterpret_cast<std::uint64_t*>(mem_ + static_cast<std::size_t>(r) * kLine));
+  }
+  std::int32_t& pid_at(int r) {
+    return *reinterpret_cast<std::int32_t*>(mem_ + static_cast<std::size_t>(size_) * kLine +
+                                            static_cast<std::size_t>(r) * sizeof(std::int32_t));
+  }
+  float* slot(int r) {
+    return reinterpret_cast<float*>(mem_ + control_bytes(size_) +
+                                    static_cast<std::size_t>(r) * chunk_ * sizeof(float));
+  }
+  float* result() { return slot(size_); }
+
+  void arrive_and_wait(const char* what, std::size_t count) {
+    ++phase_;
+    seq(rank_).store(phase_, std::memory_order_release);
+    const auto start = std::chrono::steady_clock::now();
+    auto next_check = start + std::chrono::milliseconds(20);
+    for (int k = 0; k < size_; ++k) {
+      unsigned spins = 0;
+      while (seq(k).load(std::memory_order_acquire) < phase_) {
+        if (++spins < 2000) {
+          _mm_pause();
+          continue;
+        }
+        ::sched_yield();
+        if ((spins & 63) != 0) continue;
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next_check) continue;
+        next_check = now + std::chrono::milliseconds(20);
+        const std::int32_t pid = std::atomic_ref<std::int32_t>(pid_at(k)).load();
+        if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+          broken_ = true;
+          throw IoError(std::string("shm ") + what + " of " + std::to_string(count) +
+                        " floats on rank " + std::to_string(rank_) + " of " +
+                        std::to_string(size_) + ": rank " + std::to_string(k) + " (pid " +
+                        std::to_string(pid) + ") is gone");
+        }
+        if (now - start > timeout_) {
+          broken_ = true;
+          throw IoError(std::string("shm ") + what + " on rank " + std::to_string(rank_) +
+                        ": rank " + std::to_string(k) + " did not arrive within " +
+                        std::to_string(timeout_.count()) + " ms");
+        }
+      }
+    }
+  }
+
+  std::unique_ptr<Communicator> base_;
+  char* mem_;
+  std::size_t bytes_;
+  std::size_t chunk_;
+  std::chrono::milliseconds timeout_;
+  int rank_;
+  int size_;
+  std::uint64_t phase_ = 0;
+  bool broken_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_local_communicator(std::unique_ptr<Communicator> base,
+                                                      const CommOptions& o) {
+  const int size = base->size();
+  const int rank = base->rank();
+  // Chunks of up to 4 MB per rank, the whole segment within about 32 MB of /dev/shm.
+  std::size_t chunk_bytes = (std::size_t{32} << 20) / static_cast<std::size_t>(size + 1);
+  chunk_bytes = std::clamp<std::size_t>(chunk_bytes, 64 << 10, 4 << 20) / 64 * 64;
+  const std::size_t chunk = chunk_bytes / sizeof(float);
+  const std::size_t bytes =
+      ShmCommunicator::control_bytes(size) + static_cast<std::size_t>(size + 1) * chunk_bytes;
+  const std::string key = o.key_prefix + "/shm_name";
+  std::string name;
+  std::string problem;
+  int fd = -1;
+  if (rank == 0) {
+    std::random_device rd;
+    name = "/ddp-shm-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      problem = "shm_open/ftruncate " + name + ": " + std::strerror(errno);
+    }
+    o.store->set(key, problem.empty() ? name : std::string());
+  } else {
+    o.store->wait({key}, o.timeout);
+    name = o.store->get(key);
+    if (name.empty()) {
+      problem = "rank 0 could not create the segment";
+    } else if ((fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600)) < 0) {
+      problem = "shm_open " + name + ": " + std::strerror(errno);
+    }
+  }
+  void* mem = MAP_FAILED;
+  if (problem.empty()) {
+    mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) problem = std::string("mmap: ") + std::strerror(errno);
+  }
+  if (fd >= 0) ::close(fd);
+  // Everyone must agree: shared memory on every rank, or on none.
+  const char ok = problem.empty() ? 1 : 0;
+  std::vector<char> all(static_cast<std::size_t>(size));
+  base->all_gather(&ok, all.data(), 1);
+  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());  // mapped by all who could
+  const bool everyone = std::all_of(all.begin(), all.end(), [](char c) { return c == 1; });
+  if (!everyone) {
+    if (mem != MAP_FAILED) ::munmap(mem, bytes);
+    if (!problem.empty()) {
+      std::fprintf(stderr, "ddp: rank %d: no shared-memory all-reduce (%s); using gloo alone\n",
+                   rank, problem.c_str());
+    }
+    return base;
+  }
+  return std::make_unique<ShmCommunicator>(std::move(base), mem, bytes, chunk, o.timeout);
+}
+
+}  // namespace ddp::worker
