@@ -83,8 +83,9 @@ Args parse_args(int argc, char** argv) {
       } else if (opt == "--no-shm") {
         a.shm = false;
       } else {
-        throw ddp::ConfigError("unknown option '" + opt +
-                               "' (--sizes LIST --warmup N --target-s S --check --no-shm --out PATH)");
+        throw ddp::ConfigError(
+            "unknown option '" + opt +
+            "' (--sizes LIST --warmup N --target-s S --check --no-shm --out PATH)");
       }
     } catch (const std::invalid_argument&) {
       throw ddp::ConfigError(opt + ": not a number");

@@ -85,10 +85,12 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)')
 
 if ! ((SKIP_TRAIN)); then
-  common=(--batch-size "$BATCH_SIZE" --optimizer adam --lr 1e-3 --threads 1 --seed "$SEED")
-  ((TRAIN_SUBSET > 0)) && common+=(--train-subset "$TRAIN_SUBSET")
   echo "== (a) training: ddp-train vs torch DDP, $NPROC ranks, batch $BATCH_SIZE/rank, $EPOCHS epochs, $REPS reps ==" >&2
   for rep in $(seq "$REPS"); do
+    # A new seed per rep, the same for both sides: accuracy compares over seeds, not one draw.
+    common=(--batch-size "$BATCH_SIZE" --optimizer adam --lr 1e-3 --threads 1
+            --seed "$((SEED + rep - 1))")
+    ((TRAIN_SUBSET > 0)) && common+=(--train-subset "$TRAIN_SUBSET")
     run_one "ddp-train rep $rep" "$OUT/train-ours-$rep.log" \
       "$DDPRUN" --standalone --nproc-per-node="$NPROC" --no-python "$BUILD_DIR/bin/ddp-train" \
       --model mlp --dataset fashion-mnist "${common[@]}" --snapshot "" \
@@ -109,6 +111,10 @@ if ! ((SKIP_ALLREDUCE)); then
       "$DDPRUN" --standalone --nproc-per-node="$NPROC" --no-python \
       "$BUILD_DIR/bin/ddp_allreduce_bench" "${ar[@]}" "${check[@]}" \
       --out "$OUT/allreduce-ours-$rep.json"
+    run_one "ddp_allreduce_bench --no-shm rep $rep" "$OUT/allreduce-gloo-$rep.log" \
+      "$DDPRUN" --standalone --nproc-per-node="$NPROC" --no-python \
+      "$BUILD_DIR/bin/ddp_allreduce_bench" "${ar[@]}" "${check[@]}" --no-shm \
+      --out "$OUT/allreduce-gloo-$rep.json"
     run_one "torch all_reduce rep $rep" "$OUT/allreduce-torch-$rep.log" \
       "${TORCHRUN[@]}" --standalone --nproc-per-node="$NPROC" bench/torch_allreduce_bench.py \
       "${ar[@]}" "${check[@]}" --out "$OUT/allreduce-torch-$rep.json"
@@ -122,7 +128,7 @@ META="Train benchmark $STAMP: ddprun ($BUILD_DIR) vs torch $TORCH_VERSION, $NPRO
 $(getconf _NPROCESSORS_ONLN) cores, loadavg $LOAD_BEFORE before, $LOAD_AFTER after; OMP_NUM_THREADS=1; $REPS reps, \
 the two sides alternated." \
 SETTINGS="mlp on Fashion-MNIST$subset_note, Adam lr 1e-3, \
-batch $BATCH_SIZE per rank, $EPOCHS epochs, seed $SEED, 1 thread per rank, gloo" \
+batch $BATCH_SIZE per rank, $EPOCHS epochs, seed $SEED + rep - 1, 1 thread per rank, gloo" \
   python3 - "$OUT" "$REPS" "${FAILURES[@]}" <<'EOF' | tee "$OUT/train_bench.md"
 import json, os, statistics, sys
 from pathlib import Path
@@ -183,7 +189,7 @@ if any(any(runs) for runs in train.values()) or (out / "train-ours-1.log").exist
               "test accuracy: rank 0 on the 10000 test images after training.", ""]
 
 ar = {s: [load(f"allreduce-{s}-{r}.json") or [] for r in range(1, reps + 1)]
-      for s in ("ours", "torch")}
+      for s in ("ours", "gloo", "torch")}
 if any(any(runs) for runs in ar.values()) or (out / "allreduce-ours-1.log").exists():
     def per_size(side, key):
         vals = {}
@@ -194,14 +200,19 @@ if any(any(runs) for runs in ar.values()) or (out / "allreduce-ours-1.log").exis
 
     bo, bt = per_size("ours", "busbw_gbps"), per_size("torch", "busbw_gbps")
     to, tt = per_size("ours", "time_us"), per_size("torch", "time_us")
-    lines += ["(b) All-reduce (SUM, float32, gloo, CPU), median over reps; "
-              "busbw = bytes / time * 2(n-1)/n.", "",
-              "| size | ours µs/op | torch µs/op | ours busbw GB/s | torch busbw GB/s | ours/torch |",
-              "|---|---:|---:|---:|---:|---:|"]
-    for b in sorted(set(bo) | set(bt)):
-        lines.append(f"| {human(b)} | {fmt(to.get(b), ',.1f')} | {fmt(tt.get(b), ',.1f')} | "
-                     f"{fmt(bo.get(b), '.3f')} | {fmt(bt.get(b), '.3f')} | "
-                     f"{ratio(bo.get(b), bt.get(b))} |")
+    bg, tg = per_size("gloo", "busbw_gbps"), per_size("gloo", "time_us")
+    lines += ["(b) All-reduce (SUM, float32, CPU), median over reps; busbw = bytes / time * "
+              "2(n-1)/n. ours: ddp_allreduce_bench as ddp-train runs it (ranks on one host: "
+              "shared memory); ours gloo: the same with --no-shm (Gloo's TCP ring); torch: "
+              "torch.distributed.all_reduce on gloo.", "",
+              "| size | ours µs/op | ours gloo µs/op | torch µs/op | ours busbw GB/s | "
+              "ours gloo busbw GB/s | torch busbw GB/s | ours/torch | ours gloo/torch |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in sorted(set(bo) | set(bt) | set(bg)):
+        lines.append(f"| {human(b)} | {fmt(to.get(b), ',.1f')} | {fmt(tg.get(b), ',.1f')} | "
+                     f"{fmt(tt.get(b), ',.1f')} | {fmt(bo.get(b), '.3f')} | "
+                     f"{fmt(bg.get(b), '.3f')} | {fmt(bt.get(b), '.3f')} | "
+                     f"{ratio(bo.get(b), bt.get(b))} | {ratio(bg.get(b), bt.get(b))} |")
     lines.append("")
 if failures:
     lines += [f"Failures ({len(failures)}):"] + [f"- {f}" for f in failures] + [""]

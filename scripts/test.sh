@@ -49,7 +49,7 @@ fi
 note "2. ASan+UBSan: unit + integration, and real torch 2.x clients against a sanitized ddprund"
 if cmake -S . -B build-asan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
      -DDDP_TORCH2_PYTHON="$venv/bin/python" -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null &&
-   ninja -C build-asan ddp_unit_tests ddp_integration_tests ddprund ddpstore ddprun; then
+   ninja -C build-asan ddp_unit_tests ddp_integration_tests ddprund ddpstore ddprun ddp-train; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_ctest build-asan -R "^(unit|integration)/|^interop: "
 else
@@ -83,7 +83,7 @@ note "4. CUDA build (compile and link only unless a GPU is present)"
 if command -v nvcc >/dev/null; then
   cuda() {
     cmake -S . -B build-cuda -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
-      ninja -C build-cuda ddp_kernels ddp_gpu_tests || return 1
+      ninja -C build-cuda ddp_kernels ddp_gpu_tests ddp_worker ddp-train || return 1
     # Without a GPU every test here is a visible skip. Its ctest summary would be the last
     # runner summary of the log, and CI reads "0 of 1 run" as "ran no test"; so its output goes
     # to a file and only counts (and failures) are printed.

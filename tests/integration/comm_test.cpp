@@ -78,10 +78,12 @@ TEST_CASE("gloo: all-reduce, broadcast, all-gather and barrier give every rank t
     CHECK(std::string(c.backend()) == "gloo");
     for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
       std::vector<float> v(count);
-      for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(c.rank() + 1) + static_cast<float>(i % 7);
+      for (std::size_t i = 0; i < count; ++i)
+        v[i] = static_cast<float>(c.rank() + 1) + static_cast<float>(i % 7);
       c.all_reduce_sum(v.data(), count);
       bool ok = true;
-      for (std::size_t i = 0; i < count; ++i) ok = ok && v[i] == 6.0f + 3.0f * static_cast<float>(i % 7);
+      for (std::size_t i = 0; i < count; ++i)
+        ok = ok && v[i] == 6.0f + 3.0f * static_cast<float>(i % 7);
       CHECK(ok);
     }
     c.all_reduce_sum(nullptr, 0);  // nothing to do, and no hang
@@ -96,19 +98,22 @@ TEST_CASE("gloo: all-reduce, broadcast, all-gather and barrier give every rank t
   });
 }
 
-TEST_CASE("gloo: the bucketed reducer averages every bucket over the ranks", "[integration][comm]") {
+TEST_CASE("gloo: the bucketed reducer averages every bucket over the ranks",
+          "[integration][comm]") {
   Job job;
   job.run(2, "/t/reducer", [&](worker::Communicator& c) {
     train::Model model(train::model_spec("mlp"));
     auto& g = model.grads();
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = c.rank() == 0 ? 1.0f : static_cast<float>(i % 5);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = c.rank() == 0 ? 1.0f : static_cast<float>(i % 5);
     // Small buckets: three, launched as "backward" finishes each layer.
     train::GradReducer reducer(&c, g.data(), train::plan_buckets(model, 4096, 200 * 1024));
     REQUIRE(reducer.buckets().size() == 3);
     for (std::size_t layer = 3; layer-- > 0;) reducer.layer_done(layer);
     reducer.finish();
     bool ok = true;
-    for (std::size_t i = 0; i < g.size(); ++i) ok = ok && g[i] == (1.0f + static_cast<float>(i % 5)) / 2.0f;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      ok = ok && g[i] == (1.0f + static_cast<float>(i % 5)) / 2.0f;
     CHECK(ok);
     // A second step through the same reducer, buckets launched by finish() alone.
     std::fill(g.begin(), g.end(), static_cast<float>(c.rank()));
@@ -166,8 +171,8 @@ TEST_CASE("a rank-0 worker without an agent hosts the job's store on MASTER_PORT
   const std::string port = std::to_string(ntohs(a.sin_port));
   ::close(fd);
   auto env = [&](const char* rank) {
-    return worker::read_worker_env({{"RANK", rank}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                    {"MASTER_PORT", port}});
+    return worker::read_worker_env(
+        {{"RANK", rank}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}});
   };
   worker::WorkerStore host(env("0"));
   worker::WorkerStore guest(env("1"));
@@ -191,7 +196,8 @@ TEST_CASE("shm: ranks on one host all-reduce through shared memory, bit-identica
         // Larger than one chunk (chunks are at most 4 MB), and sizes that do not split evenly.
         for (std::size_t count : {std::size_t{1}, std::size_t{17}, std::size_t{3} << 20}) {
           std::vector<float> v(count);
-          for (std::size_t i = 0; i < count; ++i) v[i] = 0.1f * static_cast<float>(r + 1) + static_cast<float>(i % 13);
+          for (std::size_t i = 0; i < count; ++i)
+            v[i] = 0.1f * static_cast<float>(r + 1) + static_cast<float>(i % 13);
           c->all_reduce_sum(v.data(), count);
           bool ok = true;
           for (std::size_t i = 0; i < count; ++i) {

@@ -85,8 +85,8 @@ class GlooCommunicator final : public Communicator {
     run("all_reduce", count * sizeof(float), [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, count);
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<float>));
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       opts.setTag(next_tag());
       gloo::allreduce(opts);
     });

@@ -19,7 +19,8 @@ namespace ddp::worker {
 namespace {
 
 void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) throw IoError(std::string("cuda: ") + what + ": " + cudaGetErrorString(rc));
+  if (rc != cudaSuccess)
+    throw IoError(std::string("cuda: ") + what + ": " + cudaGetErrorString(rc));
 }
 
 class NcclCommunicator final : public Communicator {
@@ -74,7 +75,8 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static void check(ncclResult_t rc, const char* what) {
-    if (rc != ncclSuccess) throw IoError(std::string("nccl: ") + what + ": " + ncclGetErrorString(rc));
+    if (rc != ncclSuccess)
+      throw IoError(std::string("nccl: ") + what + ": " + ncclGetErrorString(rc));
   }
   void sync(const char* what) { check_cuda(cudaStreamSynchronize(stream_), what); }
 
@@ -93,8 +95,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options,
 }
 #else
 std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions&, int) {
-  throw ConfigError("--backend nccl: this ddprun was built without CUDA (DDP_WITH_CUDA=OFF); "
-                    "use --backend gloo");
+  throw ConfigError(
+      "--backend nccl: this ddprun was built without CUDA (DDP_WITH_CUDA=OFF); "
+      "use --backend gloo");
 }
 #endif
 

@@ -63,11 +63,10 @@ std::string local_address_towards(const std::string& host) {
     if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
       char buf[INET6_ADDRSTRLEN] = {};
-      const void* addr = local.ss_family == AF_INET6
-                             ? static_cast<const void*>(
-                                   &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                             : static_cast<const void*>(
-                                   &reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      const void* addr =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
       if (::inet_ntop(local.ss_family, addr, buf, sizeof buf) != nullptr) out = buf;
     }
     ::close(fd);

@@ -13,16 +13,17 @@ namespace ddp::train {
 
 IdxArray parse_idx(std::string_view bytes, const std::string& name) {
   auto u8 = [&](std::size_t i) { return static_cast<std::uint8_t>(bytes[i]); };
-  if (bytes.size() < 4) throw ConfigError(name + ": too short for an IDX header (" +
-                                          std::to_string(bytes.size()) + " bytes)");
+  if (bytes.size() < 4)
+    throw ConfigError(name + ": too short for an IDX header (" + std::to_string(bytes.size()) +
+                      " bytes)");
   if (u8(0) != 0 || u8(1) != 0) throw ConfigError(name + ": not an IDX file (bad magic)");
   if (u8(2) != 0x08) {
     throw ConfigError(name + ": IDX element type 0x" + std::to_string(u8(2)) +
                       " is not supported (only unsigned bytes, 0x08)");
   }
   const std::size_t ndim = u8(3);
-  if (ndim == 0 || ndim > 4) throw ConfigError(name + ": IDX rank " + std::to_string(ndim) +
-                                               " is not 1 to 4");
+  if (ndim == 0 || ndim > 4)
+    throw ConfigError(name + ": IDX rank " + std::to_string(ndim) + " is not 1 to 4");
   if (bytes.size() < 4 + 4 * ndim) throw ConfigError(name + ": truncated IDX header");
   IdxArray out;
   std::size_t total = 1;
@@ -70,7 +71,8 @@ namespace {
 std::string find_file(const std::string& dir, const std::string& stem) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) {
-    throw ConfigError("--data " + dir + ": not a folder (install Debian's dataset-fashion-mnist, "
+    throw ConfigError("--data " + dir +
+                      ": not a folder (install Debian's dataset-fashion-mnist, "
                       "or point --data at the folder holding the IDX files)");
   }
   for (const char* ext : {".gz", ""}) {
@@ -88,7 +90,8 @@ Dataset load_fashion_mnist(const std::string& dir, bool train, std::size_t limit
   const std::string lbl_path = find_file(dir, split + "-labels-idx1-ubyte");
   IdxArray images = read_idx_file(img_path);
   IdxArray labels = read_idx_file(lbl_path);
-  if (images.dims.size() != 3) throw ConfigError(img_path + ": expected 3 dimensions (n, rows, cols)");
+  if (images.dims.size() != 3)
+    throw ConfigError(img_path + ": expected 3 dimensions (n, rows, cols)");
   if (labels.dims.size() != 1) throw ConfigError(lbl_path + ": expected 1 dimension");
   if (images.dims[0] != labels.dims[0]) {
     throw ConfigError(img_path + " has " + std::to_string(images.dims[0]) + " images but " +

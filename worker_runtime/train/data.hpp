@@ -22,13 +22,13 @@ IdxArray parse_idx(std::string_view bytes, const std::string& name);
 IdxArray read_idx_file(const std::string& path);
 
 struct Dataset {
-  std::size_t n = 0;        // samples
-  std::size_t dim = 0;      // inputs per sample
-  std::size_t classes = 0;  // > 0: labels are class indices
-  std::size_t out_dim = 0;  // regression targets per sample (classes == 0)
-  std::vector<float> x;                // [n][dim]
-  std::vector<std::uint8_t> labels;    // [n] when classes > 0
-  std::vector<float> y;                // [n][out_dim] when regression
+  std::size_t n = 0;                 // samples
+  std::size_t dim = 0;               // inputs per sample
+  std::size_t classes = 0;           // > 0: labels are class indices
+  std::size_t out_dim = 0;           // regression targets per sample (classes == 0)
+  std::vector<float> x;              // [n][dim]
+  std::vector<std::uint8_t> labels;  // [n] when classes > 0
+  std::vector<float> y;              // [n][out_dim] when regression
 };
 
 // Fashion-MNIST's train or test split from `dir`: "<split>-images-idx3-ubyte[.gz]" and

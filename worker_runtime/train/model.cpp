@@ -20,7 +20,9 @@ ModelSpec model_spec(const std::string& name) {
     s.layers = {{784, 256, Act::relu}, {256, 128, Act::relu}, {128, 10, Act::none}};
     s.loss = Loss::cross_entropy;
   } else if (name == "autoencoder") {
-    s.layers = {{784, 128, Act::relu}, {128, 128, Act::relu}, {128, 128, Act::relu},
+    s.layers = {{784, 128, Act::relu},
+                {128, 128, Act::relu},
+                {128, 128, Act::relu},
                 {128, 784, Act::sigmoid}};
     s.loss = Loss::mse;
     s.autoencoder = true;
@@ -91,8 +93,8 @@ double Model::loss(const std::uint8_t* labels, const float* targets, std::size_t
   }
   // torch's MSELoss(reduction="mean") averages over every element: divide by out too.
   const std::size_t out_dim = spec_.layers.back().out;
-  const double sum = cpu::mse(out.data(), targets, delta_.data(), out.size(),
-                              scale / static_cast<float>(out_dim));
+  const double sum =
+      cpu::mse(out.data(), targets, delta_.data(), out.size(), scale / static_cast<float>(out_dim));
   return sum / static_cast<double>(out_dim);
 }
 

@@ -60,7 +60,8 @@ class Model {
   double loss(const std::uint8_t* labels, const float* targets, std::size_t rows, float scale);
   // Accumulates the gradients of the last forward into grads(); calls layer_done(i) after
   // layer i's gradients are complete, from the last layer down to 0.
-  void backward(const float* x, std::size_t rows, const std::function<void(std::size_t)>& layer_done);
+  void backward(const float* x, std::size_t rows,
+                const std::function<void(std::size_t)>& layer_done);
 
  private:
   ModelSpec spec_;

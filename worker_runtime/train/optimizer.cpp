@@ -23,8 +23,8 @@ void Optimizer::step(float* params, const float* grads) {
     kernels::cpu::adam_step(params, grads, state_.data(), state_.data() + n_, n_, config_.lr,
                             config_.beta1, config_.beta2, config_.eps, steps_);
   } else {
-    kernels::cpu::sgd_step(params, grads, state_.empty() ? nullptr : state_.data(), n_,
-                           config_.lr, config_.momentum, steps_ == 1);
+    kernels::cpu::sgd_step(params, grads, state_.empty() ? nullptr : state_.data(), n_, config_.lr,
+                           config_.momentum, steps_ == 1);
   }
 }
 

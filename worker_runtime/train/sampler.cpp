@@ -25,7 +25,8 @@ std::vector<std::uint32_t> shard_indices(std::size_t n, int world, int rank, std
   for (std::size_t i = n; i < total && n > 0; ++i) order.push_back(order[i - n]);
   std::vector<std::uint32_t> mine;
   mine.reserve(per_rank);
-  for (std::size_t i = static_cast<std::size_t>(rank); i < order.size(); i += w) mine.push_back(order[i]);
+  for (std::size_t i = static_cast<std::size_t>(rank); i < order.size(); i += w)
+    mine.push_back(order[i]);
   return mine;
 }
 

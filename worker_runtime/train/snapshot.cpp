@@ -45,12 +45,18 @@ std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h) {
 
 std::string encode_snapshot(const Snapshot& s) {
   const SnapshotHeader& h = s.header;
-  nlohmann::json j = {{"model", h.model},         {"params", s.params.size()},
-                      {"optimizer", h.optimizer}, {"opt_state", s.opt_state.size()},
-                      {"epoch", h.epoch},         {"step", h.step},
-                      {"global_step", h.global_step}, {"adam_t", h.adam_t},
-                      {"seed", h.seed},           {"lr", h.lr},
-                      {"world_size", h.world_size}, {"batch_size", h.batch_size}};
+  nlohmann::json j = {{"model", h.model},
+                      {"params", s.params.size()},
+                      {"optimizer", h.optimizer},
+                      {"opt_state", s.opt_state.size()},
+                      {"epoch", h.epoch},
+                      {"step", h.step},
+                      {"global_step", h.global_step},
+                      {"adam_t", h.adam_t},
+                      {"seed", h.seed},
+                      {"lr", h.lr},
+                      {"world_size", h.world_size},
+                      {"batch_size", h.batch_size}};
   const std::string header = j.dump();
   std::string out(kMagic, sizeof kMagic);
   put_u32(out, static_cast<std::uint32_t>(header.size()));
@@ -75,7 +81,8 @@ Snapshot decode_snapshot(std::string_view b, const std::string& name) {
     throw bad("checksum mismatch (truncated or corrupt file)");
   }
   const std::size_t hlen = get_le(b, 8, 4);
-  if (12 + hlen + 8 > b.size()) throw bad("header length " + std::to_string(hlen) + " runs past the end");
+  if (12 + hlen + 8 > b.size())
+    throw bad("header length " + std::to_string(hlen) + " runs past the end");
   Snapshot s;
   nlohmann::json j;
   std::size_t np = 0;
@@ -119,12 +126,13 @@ void write_snapshot_file(const std::string& path, const Snapshot& s) {
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string tmp = (dir / std::string(".")
-                                 .append(target.filename().string())
-                                 .append(".tmp.")
-                                 .append(std::to_string(::getpid())))
-                            .string();
+                                     .append(target.filename().string())
+                                     .append(".tmp.")
+                                     .append(std::to_string(::getpid())))
+                              .string();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError("snapshot " + path + ": cannot create " + tmp + ": " + std::strerror(errno));
+  if (fd < 0)
+    throw IoError("snapshot " + path + ": cannot create " + tmp + ": " + std::strerror(errno));
   std::size_t off = 0;
   while (off < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);

@@ -150,8 +150,8 @@ void Run::resume_or_init() {
 
 void Run::save(const Position& at, const char* why) {
   if (!leader() || o_.snapshot.empty()) return;
-  if (last_saved_ && last_saved_->global_step == at.global_step &&
-      last_saved_->epoch == at.epoch && last_saved_->step == at.step) {
+  if (last_saved_ && last_saved_->global_step == at.global_step && last_saved_->epoch == at.epoch &&
+      last_saved_->step == at.step) {
     return;
   }
   Snapshot s;
@@ -179,9 +179,9 @@ void Run::progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double 
   const double secs = std::chrono::duration<double>(Clock::now() - t0_).count();
   const double rate = secs > 0 ? static_cast<double>(samples_) / secs : 0.0;
   std::ostringstream line;
-  line << "epoch " << epoch + 1 << "/" << o_.total_epochs << " step " << mb << "/" << nb
-       << " loss " << std::fixed << std::setprecision(4) << loss << " samples/s "
-       << std::setprecision(0) << rate;
+  line << "epoch " << epoch + 1 << "/" << o_.total_epochs << " step " << mb << "/" << nb << " loss "
+       << std::fixed << std::setprecision(4) << loss << " samples/s " << std::setprecision(0)
+       << rate;
   if (c_.tty) {
     constexpr int kWidth = 30;
     const auto filled = nb > 0 ? static_cast<int>(kWidth * mb / nb) : kWidth;
@@ -233,9 +233,9 @@ int Run::go() {
   GradReducer reducer(c_.comm, model_.grads().data(), buckets);
   if (leader()) {
     out() << "ddp-train: " << o_.model << " (" << model_.param_count() << " parameters) on "
-          << o_.dataset << " (" << train_.n << " samples), world size " << c_.world
-          << ", batch " << o_.batch_size << " per rank, " << opt_.config().kind << " lr "
-          << opt_.config().lr << ", " << buckets.size() << " gradient bucket(s), backend "
+          << o_.dataset << " (" << train_.n << " samples), world size " << c_.world << ", batch "
+          << o_.batch_size << " per rank, " << opt_.config().kind << " lr " << opt_.config().lr
+          << ", " << buckets.size() << " gradient bucket(s), backend "
           << (c_.comm != nullptr ? c_.comm->backend() : "none") << "\n"
           << std::flush;
   }
@@ -259,8 +259,8 @@ int Run::go() {
   };
 
   for (std::int64_t epoch = pos.epoch; epoch < o_.total_epochs && !stop_early; ++epoch) {
-    const auto idx = shard_indices(train_.n, c_.world, c_.rank, o_.seed,
-                                   static_cast<std::uint64_t>(epoch));
+    const auto idx =
+        shard_indices(train_.n, c_.world, c_.rank, o_.seed, static_cast<std::uint64_t>(epoch));
     const auto nb = static_cast<std::int64_t>((idx.size() + B - 1) / B);
     const std::int64_t log_every =
         o_.log_every > 0 ? o_.log_every : std::max<std::int64_t>(1, nb / 10);
@@ -342,7 +342,8 @@ int Run::go() {
       epoch_losses.push_back(mean);
       progress(epoch, nb, nb, mean, true);
       pos = {epoch + 1, 0, pos.global_step};
-      if (o_.save_every > 0 && (epoch + 1) % o_.save_every == 0) save(pos, "every SAVE_EVERY epochs");
+      if (o_.save_every > 0 && (epoch + 1) % o_.save_every == 0)
+        save(pos, "every SAVE_EVERY epochs");
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0_).count();

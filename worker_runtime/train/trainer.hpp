@@ -43,10 +43,10 @@ struct TrainContext {
   int world = 1;
   int restart_count = 0;
   worker::Communicator* comm = nullptr;
-  const std::atomic<int>* stop_signal = nullptr;    // SIGTERM/SIGINT number, 0 while none
-  std::atomic<bool>* save_request = nullptr;        // SIGUSR1
-  std::ostream* out = nullptr;                      // rank 0's progress
-  bool tty = false;                                 // progress bar instead of lines
+  const std::atomic<int>* stop_signal = nullptr;  // SIGTERM/SIGINT number, 0 while none
+  std::atomic<bool>* save_request = nullptr;      // SIGUSR1
+  std::ostream* out = nullptr;                    // rank 0's progress
+  bool tty = false;                               // progress bar instead of lines
 };
 
 // Checks the options (ConfigError naming the option); fills defaults (the model).

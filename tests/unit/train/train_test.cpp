@@ -44,8 +44,10 @@ TEST_CASE("IDX: dimensions and data are read; a bad file is named with what is w
   floats[2] = 0x0D;
   CHECK_THROWS_WITH(parse_idx(floats, "f.idx"), Catch::Contains("not supported"));
   CHECK_THROWS_AS(parse_idx("", "e.idx"), ddp::ConfigError);
-  CHECK_THROWS_WITH(read_idx_file("/nonexistent/train.gz"), Catch::Contains("/nonexistent/train.gz"));
-  CHECK_THROWS_WITH(load_fashion_mnist("/nonexistent", true, 0), Catch::Contains("--data /nonexistent"));
+  CHECK_THROWS_WITH(read_idx_file("/nonexistent/train.gz"),
+                    Catch::Contains("/nonexistent/train.gz"));
+  CHECK_THROWS_WITH(load_fashion_mnist("/nonexistent", true, 0),
+                    Catch::Contains("--data /nonexistent"));
 }
 
 TEST_CASE("sampler: ranks split a padded permutation like DistributedSampler", "[unit][train]") {
@@ -139,8 +141,7 @@ TEST_CASE("gradients of every layer kind match finite differences", "[unit][trai
                      false});
   }
   SECTION("sigmoid output + mse against the input (autoencoder)") {
-    check_gradients(
-        {"small-ae", {{6, 4, Act::relu}, {4, 6, Act::sigmoid}}, Loss::mse, true});
+    check_gradients({"small-ae", {{6, 4, Act::relu}, {4, 6, Act::sigmoid}}, Loss::mse, true});
   }
   SECTION("linear regression") { check_gradients({"lin", {{5, 2, Act::none}}, Loss::mse, false}); }
   SECTION("the shipped models' shapes") {
@@ -219,7 +220,8 @@ TEST_CASE("snapshot: round trip; corruption, truncation and garbage are named", 
   CHECK(r.opt_state == s.opt_state);
   std::string flipped = bytes;
   flipped[bytes.size() / 2] ^= 0x01;
-  CHECK_THROWS_WITH(decode_snapshot(flipped, "snap"), Catch::Contains("snap") && Catch::Contains("checksum"));
+  CHECK_THROWS_WITH(decode_snapshot(flipped, "snap"),
+                    Catch::Contains("snap") && Catch::Contains("checksum"));
   CHECK_THROWS_WITH(decode_snapshot(bytes.substr(0, bytes.size() - 5), "snap"),
                     Catch::Contains("checksum"));
   CHECK_THROWS_WITH(decode_snapshot("hello world, not a snapshot", "g"), Catch::Contains("magic"));

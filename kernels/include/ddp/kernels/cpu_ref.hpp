@@ -13,9 +13,9 @@ void add_bias(float* y, const float* b, std::size_t rows, std::size_t cols);
 // db[c] += sum over r of dy[r][c]
 void sum_rows(const float* dy, float* db, std::size_t rows, std::size_t cols);
 
-void relu_forward(float* y, std::size_t n);                 // in place
-void relu_backward(float* dy, const float* y, std::size_t n);  // dy *= (y > 0)
-void sigmoid_forward(float* y, std::size_t n);              // in place
+void relu_forward(float* y, std::size_t n);                       // in place
+void relu_backward(float* dy, const float* y, std::size_t n);     // dy *= (y > 0)
+void sigmoid_forward(float* y, std::size_t n);                    // in place
 void sigmoid_backward(float* dy, const float* y, std::size_t n);  // dy *= y (1 - y)
 
 // Softmax cross-entropy on logits [rows][classes] against integer labels: returns the summed
