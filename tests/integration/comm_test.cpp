@@ -24,6 +24,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// Catch2 v2 assertions are not thread-safe: rank threads throw instead, and Job::run rethrows
+// the first failure on the test's own thread.
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("expected: " + what);
+}
+
 struct Job {
   rdzv::StoreServer server{[] {
     rdzv::ServerOptions o;
@@ -74,8 +80,8 @@ TEST_CASE("gloo: all-reduce, broadcast, all-gather and barrier give every rank t
   Job job;
   const int n = 3;
   job.run(n, "/t/collectives", [&](worker::Communicator& c) {
-    CHECK(c.size() == n);
-    CHECK(std::string(c.backend()) == "gloo");
+    expect(c.size() == n, "c.size() == n");
+    expect(std::string(c.backend()) == "gloo", "std::string(c.backend()) == 'gloo'");
     for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
       std::vector<float> v(count);
       for (std::size_t i = 0; i < count; ++i)
@@ -84,16 +90,16 @@ TEST_CASE("gloo: all-reduce, broadcast, all-gather and barrier give every rank t
       bool ok = true;
       for (std::size_t i = 0; i < count; ++i)
         ok = ok && v[i] == 6.0f + 3.0f * static_cast<float>(i % 7);
-      CHECK(ok);
+      expect(ok, "the all-reduced values of " + std::to_string(count) + " floats");
     }
     c.all_reduce_sum(nullptr, 0);  // nothing to do, and no hang
     std::string msg = c.rank() == 2 ? "from rank two" : std::string(13, '?');
     c.broadcast(msg.data(), msg.size(), 2);
-    CHECK(msg == "from rank two");
+    expect(msg == "from rank two", "msg == 'from rank two'");
     const int mine = 100 + c.rank();
     std::vector<int> all(n);
     c.all_gather(&mine, all.data(), sizeof mine);
-    CHECK(all == std::vector<int>{100, 101, 102});
+    expect(all == std::vector<int>{100, 101, 102}, "all == std::vector<int>{100, 101, 102}");
     c.barrier();
   });
 }
@@ -108,18 +114,18 @@ TEST_CASE("gloo: the bucketed reducer averages every bucket over the ranks",
       g[i] = c.rank() == 0 ? 1.0f : static_cast<float>(i % 5);
     // Small buckets: three, launched as "backward" finishes each layer.
     train::GradReducer reducer(&c, g.data(), train::plan_buckets(model, 4096, 200 * 1024));
-    REQUIRE(reducer.buckets().size() == 3);
+    expect(reducer.buckets().size() == 3, "reducer.buckets().size() == 3");
     for (std::size_t layer = 3; layer-- > 0;) reducer.layer_done(layer);
     reducer.finish();
     bool ok = true;
     for (std::size_t i = 0; i < g.size(); ++i)
       ok = ok && g[i] == (1.0f + static_cast<float>(i % 5)) / 2.0f;
-    CHECK(ok);
+    expect(ok, "every gradient averaged over the two ranks");
     // A second step through the same reducer, buckets launched by finish() alone.
     std::fill(g.begin(), g.end(), static_cast<float>(c.rank()));
     reducer.finish();
-    CHECK(g.front() == 0.5f);
-    CHECK(g.back() == 0.5f);
+    expect(g.front() == 0.5f, "g.front() == 0.5f");
+    expect(g.back() == 0.5f, "g.back() == 0.5f");
   });
 }
 
@@ -192,7 +198,7 @@ TEST_CASE("shm: ranks on one host all-reduce through shared memory, bit-identica
       try {
         auto o = job.options(r, n, "/t/shm2");
         auto c = worker::make_local_communicator(worker::make_gloo_communicator(o), o);
-        CHECK(std::string(c->backend()) == "gloo+shm");
+        expect(std::string(c->backend()) == "gloo+shm", "std::string(c->backend()) == 'gloo+shm'");
         // Larger than one chunk (chunks are at most 4 MB), and sizes that do not split evenly.
         for (std::size_t count : {std::size_t{1}, std::size_t{17}, std::size_t{3} << 20}) {
           std::vector<float> v(count);
@@ -203,13 +209,13 @@ TEST_CASE("shm: ranks on one host all-reduce through shared memory, bit-identica
           for (std::size_t i = 0; i < count; ++i) {
             ok = ok && std::abs(v[i] - (0.6f + 3.0f * static_cast<float>(i % 13))) < 1e-4f;
           }
-          CHECK(ok);
+          expect(ok, "the shm all-reduced values of " + std::to_string(count) + " floats");
           if (count == (std::size_t{3} << 20)) results[static_cast<std::size_t>(r)] = v;
         }
         const int mine = r;
         std::vector<int> all(n);
         c->all_gather(&mine, all.data(), sizeof mine);  // the base's collectives still work
-        CHECK(all == std::vector<int>{0, 1, 2});
+        expect(all == std::vector<int>{0, 1, 2}, "all == std::vector<int>{0, 1, 2}");
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }

@@ -21,6 +21,7 @@ import re
 import signal
 import struct
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -482,3 +483,49 @@ def test_autoencoder_runs(tmp_path):
     assert "test mse:" in p.stdout, output(p)
     h, _, _, _ = read_snapshot(tmp_path / "ae.ddp")
     assert h["model"] == "autoencoder" and h["optimizer"] == "adam", h
+
+
+# ------------------------------------- 8. the same job under torchrun, and without shared memory
+
+@needs_fmnist
+def test_same_bits_under_torchrun_ddprun_and_gloo_alone(tmp_path):
+    """ddp-train is a worker like any other: torch's own torchrun (its agent store is torch's
+    TCPStore server) runs it too. With 2 ranks the shared-memory and Gloo sums are the same
+    IEEE additions, so all three runs end with identical parameters."""
+    def args(work):
+        return fm_args(1, 0, work / "s.ddp", work / "m.json", "--lr", "0.1", "--seed", "5",
+                       "--no-eval")
+
+    runs = {}
+    for name in ("ddprun", "torchrun", "gloo"):
+        work = tmp_path / name
+        work.mkdir()
+        if name == "torchrun":
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node=2", "--no-python", TRAIN, *args(work)]
+            p = run_bounded(argv, work, clean_env(), 240)
+        elif name == "gloo":
+            p = ddprun(2, args(work), work, env={"DDP_SHM_ALLREDUCE": "0"})
+        else:
+            # No --no-python: ddprun sees a compiled program and runs it directly.
+            argv = [DDPRUN, "--standalone", "--nproc-per-node=2", TRAIN, *args(work)]
+            p = run_bounded(argv, work, clean_env(), 180)
+        assert p.returncode == 0, output(p)
+        runs[name] = (p, read_metrics(work / "m.json"))
+    backends = {n: re.search(r"backend (\S+)", p.stdout + p.stderr) for n, (p, _) in runs.items()}
+    assert backends["ddprun"] and backends["ddprun"].group(1) == "gloo+shm", output(runs["ddprun"][0])
+    assert backends["torchrun"] and backends["torchrun"].group(1) == "gloo+shm"
+    assert backends["gloo"] and backends["gloo"].group(1) == "gloo", output(runs["gloo"][0])
+    sums = {n: checksum_value(m["param_checksum"]) for n, (_, m) in runs.items()}
+    assert len(set(sums.values())) == 1, sums
+    assert runs["torchrun"][1]["world_size"] == 2
+
+
+def test_tutorial_spelling_of_batch_size(tmp_path):
+    """The tutorials' script takes --batch_size; both spellings work."""
+    p = train(["--dataset", "synthetic", "--batch_size", "16", "--snapshot", "",
+               "--metrics-json", str(tmp_path / "m.json"), "1", "1"], tmp_path)
+    assert p.returncode == 0, output(p)
+    m = read_metrics(tmp_path / "m.json")
+    assert m["batch_size"] == 16 and m["model"] == "linear", m
+    assert m["steps"] == 2048 // 16, m

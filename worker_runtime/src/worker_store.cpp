@@ -35,7 +35,10 @@ WorkerStore::WorkerStore(const WorkerEnv& env) {
     }
   }
   try {
-    client_ = std::make_shared<rdzv::StoreClient>(env.master_addr, env.master_port);
+    // Plain TCPStore requests only: under torchrun the agent's store is torch's own server.
+    rdzv::ClientOptions co;
+    co.extensions = false;
+    client_ = std::make_shared<rdzv::StoreClient>(env.master_addr, env.master_port, co);
   } catch (const std::exception& e) {
     throw IoError("cannot reach the job's store at MASTER_ADDR=" + env.master_addr +
                   " MASTER_PORT=" + std::to_string(env.master_port) + ": " + e.what());

@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
   app.add_option("SAVE_EVERY", o.save_every, "write the snapshot every N epochs (0: never)")
       ->required();
-  app.add_option("--batch-size", o.batch_size, "samples per rank per step")->capture_default_str();
+  app.add_option("--batch-size,--batch_size", o.batch_size, "samples per rank per step")
+      ->capture_default_str();
   app.add_option("--model", o.model, "mlp | autoencoder | linear");
   app.add_option("--dataset", o.dataset, "fashion-mnist | synthetic")->capture_default_str();
   app.add_option("--data", o.data_dir, "folder of the IDX files")->capture_default_str();

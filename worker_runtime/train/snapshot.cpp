@@ -63,8 +63,12 @@ std::string encode_snapshot(const Snapshot& s) {
   out += header;
   // f32 little-endian: the in-memory layout on the machines we build for.
   static_assert(sizeof(float) == 4);
-  out.append(reinterpret_cast<const char*>(s.params.data()), s.params.size() * 4);
-  out.append(reinterpret_cast<const char*>(s.opt_state.data()), s.opt_state.size() * 4);
+  if (!s.params.empty()) {
+    out.append(reinterpret_cast<const char*>(s.params.data()), s.params.size() * 4);
+  }
+  if (!s.opt_state.empty()) {
+    out.append(reinterpret_cast<const char*>(s.opt_state.data()), s.opt_state.size() * 4);
+  }
   put_u64(out, fnv1a64(out.data(), out.size()));
   return out;
 }
@@ -115,8 +119,9 @@ Snapshot decode_snapshot(std::string_view b, const std::string& name) {
   }
   s.params.resize(np);
   s.opt_state.resize(ns);
-  std::memcpy(s.params.data(), b.data() + 12 + hlen, np * 4);
-  std::memcpy(s.opt_state.data(), b.data() + 12 + hlen + np * 4, ns * 4);
+  // An empty vector's data() may be null, which memcpy must not get even for 0 bytes.
+  if (np > 0) std::memcpy(s.params.data(), b.data() + 12 + hlen, np * 4);
+  if (ns > 0) std::memcpy(s.opt_state.data(), b.data() + 12 + hlen + np * 4, ns * 4);
   return s;
 }
 

@@ -2,7 +2,13 @@
 // differences, the optimizers against torch's formulas, bucket plans, snapshot encoding.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <zlib.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <set>
 
@@ -48,6 +54,28 @@ TEST_CASE("IDX: dimensions and data are read; a bad file is named with what is w
                     Catch::Contains("/nonexistent/train.gz"));
   CHECK_THROWS_WITH(load_fashion_mnist("/nonexistent", true, 0),
                     Catch::Contains("--data /nonexistent"));
+}
+
+TEST_CASE("IDX files: gzipped or plain are read; a truncated gzip stream is named",
+          "[unit][train]") {
+  char tmpl[] = "/tmp/ddp-idx-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const std::string raw = idx_bytes({4, 5}, 20);
+  {
+    std::ofstream(dir + "/plain.idx", std::ios::binary) << raw;
+    gzFile gz = ::gzopen((dir + "/packed.idx.gz").c_str(), "wb");
+    REQUIRE(gz != nullptr);
+    REQUIRE(::gzwrite(gz, raw.data(), static_cast<unsigned>(raw.size())) ==
+            static_cast<int>(raw.size()));
+    ::gzclose(gz);
+  }
+  CHECK(read_idx_file(dir + "/plain.idx").data == read_idx_file(dir + "/packed.idx.gz").data);
+  std::ifstream in(dir + "/packed.idx.gz", std::ios::binary);
+  std::string packed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(dir + "/cut.idx.gz", std::ios::binary) << packed.substr(0, packed.size() / 2);
+  CHECK_THROWS_WITH(read_idx_file(dir + "/cut.idx.gz"), Catch::Contains(dir + "/cut.idx.gz"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("sampler: ranks split a padded permutation like DistributedSampler", "[unit][train]") {
