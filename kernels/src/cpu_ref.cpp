@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace ddp::kernels::cpu {
 
@@ -105,6 +106,21 @@ void adam_step(float* p, const float* g, float* m, float* v, std::size_t n, floa
     const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
     p[i] -= step_size * m[i] / denom;
   }
+}
+
+std::uint16_t f32_to_bf16(float x) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  if (std::isnan(x)) return static_cast<std::uint16_t>((bits >> 16) | 0x40);  // stays a quiet NaN
+  const std::uint32_t rounding = 0x7fff + ((bits >> 16) & 1);                 // ties to even
+  return static_cast<std::uint16_t>((bits + rounding) >> 16);
+}
+
+float bf16_to_f32(std::uint16_t x) {
+  const std::uint32_t bits = std::uint32_t{x} << 16;
+  float out = 0.0f;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
 }
 
 }  // namespace ddp::kernels::cpu

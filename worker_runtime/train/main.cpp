@@ -12,8 +12,10 @@
 #include <map>
 #include <memory>
 
+#include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
+#include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
 #include "ddp/worker/error_file.hpp"
 #include "trainer.hpp"
@@ -138,8 +140,15 @@ int main(int argc, char** argv) {
         co.key_prefix = wenv.store_prefix() + "/ddp_train/" + backend;
         co.route_towards = wenv.master_addr;
         if (auto it = env.find("GLOO_SOCKET_IFNAME"); it != env.end()) co.iface = it->second;
-        comm = backend == "nccl" ? worker::make_nccl_communicator(co, wenv.local_rank)
-                                 : worker::make_gloo_communicator(co);
+        if (backend == "nccl") {
+          const auto cvd = env.find("CUDA_VISIBLE_DEVICES");
+          const int device =
+              worker::pick_cuda_device(wenv.local_rank, kernels::cuda_device_count(),
+                                       cvd == env.end() ? std::string() : cvd->second);
+          comm = worker::make_nccl_communicator(co, device);
+        } else {
+          comm = worker::make_gloo_communicator(co);
+        }
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
         const auto shm = env.find("DDP_SHM_ALLREDUCE");
         if (backend == "gloo" && wenv.local_world_size == wenv.world_size &&

@@ -271,3 +271,19 @@ TEST_CASE("cpu references: softmax cross-entropy and mse", "[unit][train]") {
   CHECK(ddp::kernels::cpu::mse(y, t, d, 2, 0.5f) == Approx(5.0));
   CHECK(d[1] == Approx(2.0f));
 }
+
+TEST_CASE("cpu references: bf16 casts round to nearest even", "[unit][train]") {
+  using ddp::kernels::cpu::bf16_to_f32;
+  using ddp::kernels::cpu::f32_to_bf16;
+  CHECK(f32_to_bf16(1.0f) == 0x3f80);
+  CHECK(bf16_to_f32(0x3f80) == 1.0f);
+  CHECK(bf16_to_f32(f32_to_bf16(-2.5f)) == -2.5f);  // exact in bf16
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  CHECK(f32_to_bf16(1.00390625f) == 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): rounds up.
+  CHECK(f32_to_bf16(1.01171875f) == 0x3f82);
+  CHECK(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  CHECK(std::isinf(bf16_to_f32(f32_to_bf16(3.4e38f))));  // past the largest bf16, 3.39e38
+  const float x = 3.14159f;
+  CHECK(std::abs(bf16_to_f32(f32_to_bf16(x)) - x) <= x / 256);  // 8 bits of mantissa
+}

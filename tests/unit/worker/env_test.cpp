@@ -1,6 +1,7 @@
 // The worker environment as ddprun/torchrun export it: read and typed, single-process defaults
 // for the optional parts, and a message naming the variable for every missing, malformed or
 // inconsistent value. The agent's own worker_env() output must read back unchanged.
+#include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
 
 #include <catch2/catch.hpp>
@@ -104,4 +105,15 @@ TEST_CASE("missing, malformed and inconsistent values are named", "[unit][worker
   e = minimal();
   e["TORCHELASTIC_RESTART_COUNT"] = "1x";
   CHECK_THAT(error_of(e), Catch::Contains("TORCHELASTIC_RESTART_COUNT='1x'"));
+}
+
+TEST_CASE("a worker's GPU: LOCAL_RANK among the visible ones, or the only one", "[unit][worker]") {
+  using ddp::worker::pick_cuda_device;
+  CHECK(pick_cuda_device(0, 4, "") == 0);
+  CHECK(pick_cuda_device(3, 4, "") == 3);
+  CHECK(pick_cuda_device(3, 1, "2") == 0);  // Slurm --gpus-per-task=1: each task sees its own
+  CHECK_THROWS_WITH(
+      pick_cuda_device(4, 4, "0,1,2,3"),
+      Catch::Contains("LOCAL_RANK=4") && Catch::Contains("CUDA_VISIBLE_DEVICES=0,1,2,3"));
+  CHECK_THROWS_WITH(pick_cuda_device(0, 0, ""), Catch::Contains("no CUDA device"));
 }

@@ -37,4 +37,8 @@ void sgd_step(float* p, const float* g, float* buf, std::size_t n, float lr, flo
 void adam_step(float* p, const float* g, float* m, float* v, std::size_t n, float lr, float beta1,
                float beta2, float eps, std::int64_t t);
 
+// fp32 -> bf16 by round to nearest even (NaN stays NaN), and back (exact). bf16 as its 16 bits.
+std::uint16_t f32_to_bf16(float x);
+float bf16_to_f32(std::uint16_t x);
+
 }  // namespace ddp::kernels::cpu
