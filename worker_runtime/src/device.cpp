@@ -11,7 +11,7 @@ int pick_cuda_device(int local_rank, int visible_count, const std::string& cuda_
                                 : "CUDA_VISIBLE_DEVICES=" + cuda_visible_devices;
   if (visible_count <= 0) {
     throw ConfigError("no CUDA device is visible to this worker (" + shown +
-                      "); use --device cpu or --backend gloo");
+                      "); use the CPU path (--backend gloo)");
   }
   if (visible_count == 1) return 0;  // one GPU per task: it is ours whatever LOCAL_RANK is
   if (local_rank < visible_count) return local_rank;

@@ -12,10 +12,8 @@
 #include <map>
 #include <memory>
 
-#include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
-#include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
 #include "ddp/worker/error_file.hpp"
 #include "trainer.hpp"
@@ -102,9 +100,14 @@ int main(int argc, char** argv) {
     o.eval = !no_eval;
     if (auto it = env.find("DDP_TRAIN_FAULT"); it != env.end()) o.fault = it->second;
     if (threads < 1) throw ConfigError("--threads must be >= 1");
-    if (backend != "gloo" && backend != "nccl") {
-      throw ConfigError("--backend '" + backend + "': expected gloo or nccl");
+    if (backend == "nccl") {
+      // The NCCL communicator exists (ddp_worker), the device path of the model not yet: NCCL
+      // cannot all-reduce the host buffers of the CPU path.
+      throw ConfigError(
+          "--backend nccl: ddp-train's GPU path is not built yet (issue 6); "
+          "use --backend gloo");
     }
+    if (backend != "gloo") throw ConfigError("--backend '" + backend + "': expected gloo or nccl");
     train::validate(o);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
@@ -131,7 +134,7 @@ int main(int argc, char** argv) {
       ctx.rank = wenv.rank;
       ctx.world = wenv.world_size;
       ctx.restart_count = wenv.restart_count;
-      if (wenv.world_size > 1 || backend == "nccl") {
+      if (wenv.world_size > 1) {
         store = std::make_unique<worker::WorkerStore>(wenv);
         worker::CommOptions co;
         co.rank = wenv.rank;
@@ -140,19 +143,10 @@ int main(int argc, char** argv) {
         co.key_prefix = wenv.store_prefix() + "/ddp_train/" + backend;
         co.route_towards = wenv.master_addr;
         if (auto it = env.find("GLOO_SOCKET_IFNAME"); it != env.end()) co.iface = it->second;
-        if (backend == "nccl") {
-          const auto cvd = env.find("CUDA_VISIBLE_DEVICES");
-          const int device =
-              worker::pick_cuda_device(wenv.local_rank, kernels::cuda_device_count(),
-                                       cvd == env.end() ? std::string() : cvd->second);
-          comm = worker::make_nccl_communicator(co, device);
-        } else {
-          comm = worker::make_gloo_communicator(co);
-        }
+        comm = worker::make_gloo_communicator(co);
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
         const auto shm = env.find("DDP_SHM_ALLREDUCE");
-        if (backend == "gloo" && wenv.local_world_size == wenv.world_size &&
-            (shm == env.end() || shm->second != "0")) {
+        if (wenv.local_world_size == wenv.world_size && (shm == env.end() || shm->second != "0")) {
           comm = worker::make_local_communicator(std::move(comm), co);
         }
         ctx.comm = comm.get();
