@@ -2,6 +2,7 @@
 --port-file), torch's own TCPStore server for side-by-side checks, and helpers to run a piece
 of Python in a second process (torch's client calls can hold the GIL, so concurrency between
 clients is always between processes)."""
+import errno
 import os
 import signal
 import subprocess
@@ -12,6 +13,19 @@ import time
 import pytest
 
 BIN = os.environ.get("DDP_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+
+
+def popen_retry(argv, **kw):
+    """subprocess.Popen, retrying 'text file busy' or a missing file for up to 2 minutes: the
+    binaries may be relinked while a suite runs."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return subprocess.Popen(argv, **kw)
+        except OSError as e:
+            if e.errno not in (errno.ETXTBSY, errno.ENOENT) or time.monotonic() > deadline:
+                raise
+            time.sleep(5)
 
 
 def ddprund_path():

@@ -12,7 +12,6 @@ Every run is small (--train-subset 2048, --threads 1: seconds on 2 cores), works
 is resumed from, so every run names its own), and is bounded by a timeout. Snapshots are parsed
 and their FNV-1a 64 checksum verified here, independently of the trainer.
 """
-import errno
 import glob
 import json
 import math
@@ -27,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import BIN
+from conftest import BIN, popen_retry
 
 TRAIN = os.path.join(BIN, "ddp-train")
 DDPRUN = os.path.join(BIN, "ddprun")
@@ -117,19 +116,6 @@ def clean_env(extra=None):
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra or {})
     return env
-
-
-def popen_retry(argv, **kw):
-    """Another engineer may be relinking the binaries: retry 'text file busy' or a missing
-    file for a while."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return subprocess.Popen(argv, **kw)
-        except OSError as e:
-            if e.errno not in (errno.ETXTBSY, errno.ENOENT) or time.monotonic() > deadline:
-                raise
-            time.sleep(5)
 
 
 def run_bounded(argv, cwd, env, timeout):

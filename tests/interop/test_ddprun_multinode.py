@@ -7,7 +7,6 @@ orphans after kill -9 of an agent, stop signals during the rendezvous, and finis
 
 Every process is bounded: agents are waited on with timeouts, and whatever a test started
 (agents, and workers whose PIDs they recorded) is killed in the fixture's teardown."""
-import errno
 import glob
 import json
 import os
@@ -22,7 +21,7 @@ import uuid
 
 import pytest
 
-from conftest import BIN, Daemon
+from conftest import BIN, Daemon, popen_retry
 
 DDPRUN = os.path.join(BIN, "ddprun")
 DDPSTORE = os.path.join(BIN, "ddpstore")
@@ -72,18 +71,6 @@ def agent_env(extra=None):
     # A short grace so a worker that ignores SIGTERM can never stall a test for 30 s.
     return dict(os.environ, PYTHON_EXEC=PYTHON_EXEC, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="5",
                 **(extra or {}))
-
-
-def popen_retry(argv, **kw):
-    """Another engineer may be relinking the binary: retry 'text file busy' or a missing file."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return subprocess.Popen(argv, **kw)
-        except OSError as e:
-            if e.errno not in (errno.ETXTBSY, errno.ENOENT) or time.monotonic() > deadline:
-                raise
-            time.sleep(5)
 
 
 def ddprun(*args, env=None, timeout=120):
