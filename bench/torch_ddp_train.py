@@ -11,6 +11,7 @@ then rank 0 evaluates test accuracy on the 10000 test images and writes --metric
 import argparse
 import gzip
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ def parse_args() -> argparse.Namespace:
                    help="fetch each batch with one indexing op (a BatchSampler as the sampler) "
                         "instead of the usual per-sample fetch and collate")
     p.add_argument("--metrics-json", type=Path, help="rank 0 writes the run's figures here")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the model on LOCAL_RANK's GPU (or the only one), DDP over nccl")
     args = p.parse_args()
     if args.batch_size < 1 or args.epochs < 0 or args.threads < 1 or args.train_subset < 0:
         p.error("--batch-size and --threads must be >= 1, --epochs and --train-subset >= 0")
@@ -81,8 +84,14 @@ def make_model() -> nn.Module:
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")  # env:// from torchrun
+    cuda = args.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")  # env:// from torchrun
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", 0 if torch.cuda.device_count() == 1 else local)
+        torch.cuda.set_device(device)
 
     x, y = load_split(args.data, "train")
     if args.train_subset:
@@ -99,7 +108,9 @@ def main() -> int:
                             num_workers=0)
 
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(make_model())  # broadcasts rank 0's parameters
+    # DDP broadcasts rank 0's parameters.
+    model = DistributedDataParallel(make_model().to(device),
+                                    device_ids=[device.index] if cuda else None)
     if args.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
     else:
@@ -113,6 +124,8 @@ def main() -> int:
         sampler.set_epoch(epoch)
         loss_sum, batches = 0.0, 0
         for xb, yb in loader:
+            if cuda:
+                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)
             loss.backward()
@@ -128,10 +141,11 @@ def main() -> int:
     dist.barrier()
     train_seconds = time.perf_counter() - start
 
-    total = torch.tensor([samples], dtype=torch.int64)
+    total = torch.tensor([samples], dtype=torch.int64, device=device)
     dist.all_reduce(total)
     if rank == 0:
         xt, yt = load_split(args.data, "t10k")
+        xt, yt = xt.to(device), yt.to(device)
         model.module.eval()
         with torch.no_grad():
             correct = sum(int((model.module(xt[i:i + 1000]).argmax(1) == yt[i:i + 1000]).sum())
@@ -146,6 +160,7 @@ def main() -> int:
             "final_loss": epoch_losses[-1] if epoch_losses else None,
             "optimizer": args.optimizer, "lr": args.lr, "threads": args.threads,
             "loader": "batched" if args.batched_loader else "per-sample",
+            "device": str(device),
         }
         print(f"samples/s {metrics['samples_per_sec']:.0f} train {train_seconds:.2f} s "
               f"test accuracy: {accuracy:.4f}", file=sys.stderr, flush=True)

@@ -17,6 +17,9 @@ scripts/setup.sh --with-torch || exit 1
 venv="${DDP_TORCH_VENV:-$HOME/.cache/ddprun/torch-venv}"
 export PATH="/usr/local/cuda/bin:$PATH"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+# ccache across clones: paths below the repository are hashed relative to it, so a fresh clone
+# (CI) reuses what an earlier build of the same sources compiled.
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 
 passed=0 failed=0 skipped=0
 note() { printf '\n=== %s ===\n' "$*"; }
@@ -83,7 +86,7 @@ note "4. CUDA build (compile and link only unless a GPU is present)"
 if command -v nvcc >/dev/null; then
   cuda() {
     cmake -S . -B build-cuda -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
-      ninja -C build-cuda ddp_kernels ddp_gpu_tests ddp_worker ddp-train || return 1
+      ninja -C build-cuda ddp_kernels ddp_gpu_tests ddp_worker ddp-train kernel_bench ddprun || return 1
     # Without a GPU every test here is a visible skip. Its ctest summary would be the last
     # runner summary of the log, and CI reads "0 of 1 run" as "ran no test"; so its output goes
     # to a file and only counts (and failures) are printed.
@@ -91,6 +94,12 @@ if command -v nvcc >/dev/null; then
     run_ctest build-cuda -R "^gpu" >"$log" 2>&1
     grep -E 'Test +#' "$log" | sed 's/^/  /'
     if grep -q "\*\*\*Failed" "$log"; then cat "$log"; fi
+    # With a GPU, also the whole-job check of the GPU path against the CPU path.
+    if build-cuda/bin/ddp_gpu_tests --list-tests >/dev/null 2>&1; [[ $? != 77 ]]; then
+      step "gpu: ddp-train on cuda = cpu" env DDP_BIN_DIR="$root/build-cuda/bin" \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/interop/test_ddp_train.py \
+        -k gpu_steps_match
+    fi
     return 0  # run_ctest counted the results
   }
   cuda || { echo "FAILED: cuda build"; failed=$((failed + 1)); }

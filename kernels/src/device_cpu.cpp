@@ -6,4 +6,6 @@ namespace ddp::kernels {
 int cuda_device_count() { return 0; }
 std::string cuda_device_description(int) { return "no CUDA support in this build"; }
 
+bool cuda_built() { return false; }
+
 }  // namespace ddp::kernels

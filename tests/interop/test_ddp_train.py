@@ -500,7 +500,7 @@ def test_same_bits_under_torchrun_ddprun_and_gloo_alone(tmp_path):
             p = run_bounded(argv, work, clean_env(), 180)
         assert p.returncode == 0, output(p)
         runs[name] = (p, read_metrics(work / "m.json"))
-    backends = {n: re.search(r"backend (\S+)", p.stdout + p.stderr) for n, (p, _) in runs.items()}
+    backends = {n: re.search(r"backend ([^\s,]+)", p.stdout + p.stderr) for n, (p, _) in runs.items()}
     assert backends["ddprun"] and backends["ddprun"].group(1) == "gloo+shm", output(runs["ddprun"][0])
     assert backends["torchrun"] and backends["torchrun"].group(1) == "gloo+shm"
     assert backends["gloo"] and backends["gloo"].group(1) == "gloo", output(runs["gloo"][0])
@@ -517,3 +517,35 @@ def test_tutorial_spelling_of_batch_size(tmp_path):
     m = read_metrics(tmp_path / "m.json")
     assert m["batch_size"] == 16 and m["model"] == "linear", m
     assert m["steps"] == 2048 // 16, m
+
+
+# ----------------------------------------------- 9. the GPU path against the CPU path (GPU only)
+
+def _cuda_usable():
+    """ddp-train itself says whether it can run on a GPU here: built with CUDA and a device."""
+    try:
+        p = subprocess.run([TRAIN, "--device", "cuda", "--dataset", "synthetic", "--snapshot", "",
+                            "--max-steps", "1", "--no-eval", "1", "0"],
+                           capture_output=True, text=True, timeout=120, env=clean_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0
+
+
+@needs_fmnist
+def test_gpu_steps_match_the_cpu_path(tmp_path):
+    if not _cuda_usable():
+        pytest.skip("no GPU here, or a build without CUDA: the GPU path did not run")
+    runs = {}
+    for device in ("cpu", "cuda"):
+        work = tmp_path / device
+        work.mkdir()
+        # One rank: the test GPU machine has one GPU, and NCCL refuses two ranks on one device.
+        p = ddprun(1, fm_args(1, 0, work / "s.ddp", work / "m.json", "--lr", "0.05",
+                              "--momentum", "0.9", "--device", device, "--max-steps", "20"), work)
+        assert p.returncode == 0, output(p)
+        runs[device] = read_metrics(work / "m.json")
+        assert f"device {device}" in p.stdout, output(p)
+    c, g = runs["cpu"], runs["cuda"]
+    assert abs(c["final_loss"] - g["final_loss"]) <= 1e-3 * max(1.0, abs(c["final_loss"])), (c, g)
+    assert abs(c["test_accuracy"] - g["test_accuracy"]) <= 0.01, (c, g)

@@ -10,8 +10,7 @@ int pick_cuda_device(int local_rank, int visible_count, const std::string& cuda_
                                 ? std::string("CUDA_VISIBLE_DEVICES unset")
                                 : "CUDA_VISIBLE_DEVICES=" + cuda_visible_devices;
   if (visible_count <= 0) {
-    throw ConfigError("no CUDA device is visible to this worker (" + shown +
-                      "); use the CPU path (--backend gloo)");
+    throw ConfigError("no CUDA device is visible to this worker (" + shown + "); use --device cpu");
   }
   if (visible_count == 1) return 0;  // one GPU per task: it is ours whatever LOCAL_RANK is
   if (local_rank < visible_count) return local_rank;

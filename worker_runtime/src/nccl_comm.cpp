@@ -32,7 +32,7 @@ void check_cuda(cudaError_t rc, const char* what) {
 // A non-blocking NCCL communicator (ncclConfig_t::blocking = 0): every wait polls the stream and
 // ncclCommGetAsyncError, so a dead peer or a timeout ends in ncclCommAbort and an IoError within
 // CommOptions::timeout, never in a hang until NCCL's own watchdog.
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public StreamAllReduce {
  public:
   NcclCommunicator(const CommOptions& o, int device)
       : rank_(o.rank), size_(o.size), timeout_(o.timeout) {
@@ -85,6 +85,15 @@ class NcclCommunicator final : public Communicator {
     wait_stream("broadcast");
   }
   void barrier() override { all_reduce_sum(scratch_, 1); }
+
+  void all_reduce_sum_after(float* data, std::size_t count, void* ready_event) override {
+    if (count == 0) return;
+    check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(ready_event), 0),
+               "cudaStreamWaitEvent");
+    enqueue(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_),
+            "ncclAllReduce");
+  }
+  void wait_all() override { wait_stream("bucket all_reduce"); }
   void all_gather(const void* in, void* out, std::size_t bytes) override {
     if (bytes == 0) return;
     enqueue(ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_), "ncclAllGather");

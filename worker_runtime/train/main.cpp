@@ -12,8 +12,10 @@
 #include <map>
 #include <memory>
 
+#include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
+#include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
 #include "ddp/worker/error_file.hpp"
 #include "trainer.hpp"
@@ -67,7 +69,8 @@ int main(int argc, char** argv) {
   const auto env = environment();
   train::TrainOptions o;
   int threads = default_threads(env);
-  std::string backend = "gloo";
+  std::string backend = "auto";
+  std::string device = "auto";
   bool no_eval = false;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
@@ -90,7 +93,12 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", o.snapshot, "snapshot path (\"\": none)")->capture_default_str();
   app.add_option("--metrics-json", o.metrics_json, "rank 0 writes the run's figures here");
   app.add_option("--threads", threads, "BLAS threads per rank (default OMP_NUM_THREADS or 1)");
-  app.add_option("--backend", backend, "gloo | nccl")->capture_default_str();
+  app.add_option("--backend", backend, "auto | gloo | nccl (auto: nccl on cuda, else gloo)")
+      ->capture_default_str();
+  app.add_option("--device", device, "auto | cpu | cuda (auto: cuda when a GPU is visible)")
+      ->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32 | bf16 (bf16: cuda only)")
+      ->capture_default_str();
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "gradient bucket size")->capture_default_str();
   app.add_option("--max-steps", o.max_steps, "stop after N optimizer steps (0: no limit)");
   app.add_option("--log-every", o.log_every, "progress line every N steps (0: ~10 per epoch)");
@@ -100,14 +108,18 @@ int main(int argc, char** argv) {
     o.eval = !no_eval;
     if (auto it = env.find("DDP_TRAIN_FAULT"); it != env.end()) o.fault = it->second;
     if (threads < 1) throw ConfigError("--threads must be >= 1");
-    if (backend == "nccl") {
-      // The NCCL communicator exists (ddp_worker), the device path of the model not yet: NCCL
-      // cannot all-reduce the host buffers of the CPU path.
-      throw ConfigError(
-          "--backend nccl: ddp-train's GPU path is not built yet (issue 6); "
-          "use --backend gloo");
+    if (device == "auto") {
+      device = kernels::cuda_built() && kernels::cuda_device_count() > 0 ? "cuda" : "cpu";
     }
-    if (backend != "gloo") throw ConfigError("--backend '" + backend + "': expected gloo or nccl");
+    o.device = device;
+    if (backend == "auto") backend = device == "cuda" ? "nccl" : "gloo";
+    if (backend != "gloo" && backend != "nccl") {
+      throw ConfigError("--backend '" + backend + "': expected auto, gloo or nccl");
+    }
+    if ((backend == "nccl") != (device == "cuda")) {
+      throw ConfigError("--backend " + backend + " with --device " + device +
+                        ": gradients on the GPU go through nccl, on the CPU through gloo");
+    }
     train::validate(o);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
@@ -128,26 +140,40 @@ int main(int argc, char** argv) {
     ctx.tty = ::isatty(STDOUT_FILENO) != 0;
     std::unique_ptr<worker::WorkerStore> store;
     std::unique_ptr<worker::Communicator> comm;
-    if (env.count("RANK") != 0) {
+    std::unique_ptr<worker::Communicator> device_comm;
+    const bool launched = env.count("RANK") != 0;  // else: one process, world size 1
+    if (launched) {
       wenv = worker::read_worker_env(env);
       rank_tag = "ddp-train rank " + std::to_string(wenv.rank);
       ctx.rank = wenv.rank;
       ctx.world = wenv.world_size;
       ctx.restart_count = wenv.restart_count;
-      if (wenv.world_size > 1) {
+    }
+    if (o.device == "cuda") {
+      const auto cvd = env.find("CUDA_VISIBLE_DEVICES");
+      ctx.cuda_device = worker::pick_cuda_device(wenv.local_rank, kernels::cuda_device_count(),
+                                                 cvd == env.end() ? std::string() : cvd->second);
+    }
+    if (launched && wenv.world_size > 1) {
+      {
         store = std::make_unique<worker::WorkerStore>(wenv);
         worker::CommOptions co;
         co.rank = wenv.rank;
         co.size = wenv.world_size;
         co.store = store->client();
-        co.key_prefix = wenv.store_prefix() + "/ddp_train/" + backend;
         co.route_towards = wenv.master_addr;
         if (auto it = env.find("GLOO_SOCKET_IFNAME"); it != env.end()) co.iface = it->second;
+        co.key_prefix = wenv.store_prefix() + "/ddp_train/gloo";
         comm = worker::make_gloo_communicator(co);
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
         const auto shm = env.find("DDP_SHM_ALLREDUCE");
         if (wenv.local_world_size == wenv.world_size && (shm == env.end() || shm->second != "0")) {
           comm = worker::make_local_communicator(std::move(comm), co);
+        }
+        if (o.device == "cuda") {
+          co.key_prefix = wenv.store_prefix() + "/ddp_train/nccl";
+          device_comm = worker::make_nccl_communicator(co, ctx.cuda_device);
+          ctx.device_comm = device_comm.get();
         }
         ctx.comm = comm.get();
       }

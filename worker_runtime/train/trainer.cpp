@@ -18,8 +18,8 @@
 #include "ddp/kernels/cpu_ref.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
+#include "engine.hpp"
 #include "model.hpp"
-#include "reducer.hpp"
 #include "sampler.hpp"
 #include "snapshot.hpp"
 
@@ -58,10 +58,26 @@ struct Position {
   std::int64_t global_step = 0;
 };
 
+std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c) {
+  if (o.device == "cuda") {
+    CudaEngineOptions co;
+    co.device = c.cuda_device;
+    co.max_rows = std::max<std::size_t>(static_cast<std::size_t>(o.batch_size), 1000);
+    co.bf16 = o.precision == "bf16";
+    co.bucket_cap_mb = o.bucket_cap_mb;
+    return make_cuda_engine(model_spec(o.model), o.optimizer, c.device_comm, co);
+  }
+  return make_cpu_engine(model_spec(o.model), o.optimizer, c.comm, o.bucket_cap_mb);
+}
+
 class Run {
  public:
   Run(const TrainOptions& o, const TrainContext& c)
-      : o_(o), c_(c), model_(model_spec(o.model)), opt_(o.optimizer, model_.param_count()) {}
+      : o_(o),
+        c_(c),
+        engine_(make_engine(o, c)),
+        model_(engine_->model()),
+        opt_(engine_->optimizer()) {}
 
   int go();
 
@@ -78,8 +94,9 @@ class Run {
   const TrainContext& c_;
   Dataset train_;
   Dataset test_;
-  Model model_;
-  Optimizer opt_;
+  std::unique_ptr<Engine> engine_;
+  Model& model_;  // the host copy (engine.hpp)
+  Optimizer& opt_;
   Position start_;
   bool resumed_ = false;
   std::optional<Position> last_saved_;
@@ -135,6 +152,7 @@ void Run::resume_or_init() {
       c_.comm->broadcast(opt_.state().data(), opt_.state().size() * sizeof(float), 0);
     }
   }
+  engine_->upload();
   if (head[0] != 0) {
     resumed_ = true;
     start_ = {head[1], head[2], head[3]};
@@ -154,6 +172,7 @@ void Run::save(const Position& at, const char* why) {
       last_saved_->step == at.step) {
     return;
   }
+  engine_->download();
   Snapshot s;
   s.header.model = o_.model;
   s.header.optimizer = opt_.config().kind;
@@ -202,7 +221,7 @@ double Run::evaluate(nlohmann::json& metrics) {
   for (std::size_t at = 0; at < test_.n; at += kChunk) {
     const std::size_t rows = std::min(kChunk, test_.n - at);
     const float* x = test_.x.data() + at * test_.dim;
-    const float* y = model_.forward(x, rows);
+    const float* y = engine_->predict(x, rows);
     const std::size_t out_dim = model_.spec().layers.back().out;
     if (model_.spec().loss == Loss::cross_entropy) {
       correct += kernels::cpu::count_correct(y, test_.labels.data() + at, rows, out_dim);
@@ -228,15 +247,16 @@ int Run::go() {
   load_data();
   resume_or_init();
   const Fault fault = parse_fault(o_.fault);
-  auto buckets = plan_buckets(model_, std::size_t{1} << 20,
-                              static_cast<std::size_t>(o_.bucket_cap_mb * 1024 * 1024));
-  GradReducer reducer(c_.comm, model_.grads().data(), buckets);
   if (leader()) {
     out() << "ddp-train: " << o_.model << " (" << model_.param_count() << " parameters) on "
           << o_.dataset << " (" << train_.n << " samples), world size " << c_.world << ", batch "
           << o_.batch_size << " per rank, " << opt_.config().kind << " lr " << opt_.config().lr
-          << ", " << buckets.size() << " gradient bucket(s), backend "
-          << (c_.comm != nullptr ? c_.comm->backend() : "none") << "\n"
+          << ", " << engine_->bucket_count() << " gradient bucket(s), backend "
+          << (c_.device_comm != nullptr ? c_.device_comm->backend()
+              : c_.comm != nullptr      ? c_.comm->backend()
+                                        : "none")
+          << ", device " << engine_->device()
+          << (o_.device == "cuda" ? ", precision " + o_.precision : std::string()) << "\n"
           << std::flush;
   }
 
@@ -300,27 +320,18 @@ int Run::go() {
                           yb.data() + r * out_dim);
             }
           }
-          model_.forward(xb.data(), rows);
           const float scale = 1.0f / static_cast<float>(rows * group);
           const float* target = model_.spec().autoencoder ? xb.data() : yb.data();
-          step_loss += model_.loss(lb.data(), target, rows, scale) / static_cast<double>(rows);
-          const bool sync = mb + 1 == group_end;
-          if (sync) {
-            model_.backward(xb.data(), rows, [&](std::size_t layer) { reducer.layer_done(layer); });
-          } else {
-            model_.backward(xb.data(), rows, nullptr);
-          }
+          engine_->micro_batch(xb.data(), lb.data(), target, rows, scale, mb + 1 == group_end);
           samples_ += rows_total(rows);
         }
-        reducer.finish();
+        step_loss = engine_->step();
       } catch (const IoError&) {
         // A peer failed mid-step: the parameters are still those of `pos`, which every rank
         // reached; keep them so the restarted job loses no finished step.
         save(pos, "a peer failed");
         throw;
       }
-      opt_.step(model_.params().data(), model_.grads().data());
-      model_.zero_grads();
       ++steps_this_run;
       pos = {epoch, mb, pos.global_step + 1};
       last_loss = step_loss / static_cast<double>(group);
@@ -351,6 +362,7 @@ int Run::go() {
   save(pos, "end of run");
 
   if (leader()) {
+    engine_->download();
     nlohmann::json m;
     m["model"] = o_.model;
     m["dataset"] = o_.dataset;
@@ -400,6 +412,15 @@ void validate(TrainOptions& o) {
     throw ConfigError("--bucket-cap-mb must be in (0, 4096]");
   }
   if (o.max_steps < 0) throw ConfigError("--max-steps must be >= 0");
+  if (o.device != "cpu" && o.device != "cuda") {
+    throw ConfigError("--device '" + o.device + "': expected cpu, cuda or auto");
+  }
+  if (o.precision != "fp32" && o.precision != "bf16") {
+    throw ConfigError("--precision '" + o.precision + "': expected fp32 or bf16");
+  }
+  if (o.precision == "bf16" && o.device != "cuda") {
+    throw ConfigError("--precision bf16 needs --device cuda (the CPU path computes in fp32)");
+  }
   if (o.dataset != "fashion-mnist" && o.dataset != "synthetic") {
     throw ConfigError("--dataset '" + o.dataset + "': expected fashion-mnist or synthetic");
   }

@@ -35,14 +35,18 @@ struct TrainOptions {
   std::int64_t max_steps = 0;
   int log_every = 0;
   bool eval = true;
-  std::string fault;  // DDP_TRAIN_FAULT "RANK:STEP"
+  std::string fault;               // DDP_TRAIN_FAULT "RANK:STEP"
+  std::string device = "cpu";      // "cpu" | "cuda" (main resolves "auto")
+  std::string precision = "fp32";  // "fp32" | "bf16" (cuda only)
 };
 
 struct TrainContext {
   int rank = 0;
   int world = 1;
   int restart_count = 0;
-  worker::Communicator* comm = nullptr;
+  worker::Communicator* comm = nullptr;         // host collectives (broadcast, CPU gradients)
+  worker::Communicator* device_comm = nullptr;  // NCCL, for the CUDA engine's gradients
+  int cuda_device = 0;
   const std::atomic<int>* stop_signal = nullptr;  // SIGTERM/SIGINT number, 0 while none
   std::atomic<bool>* save_request = nullptr;      // SIGUSR1
   std::ostream* out = nullptr;                    // rank 0's progress

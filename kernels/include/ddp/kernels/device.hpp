@@ -7,6 +7,8 @@
 namespace ddp::kernels {
 
 int cuda_device_count();
+// Whether this build has the CUDA path (DDP_WITH_CUDA).
+bool cuda_built();
 // "name, compute capability X.Y, N MiB" of device `index`, for logs and perf records.
 std::string cuda_device_description(int index);
 

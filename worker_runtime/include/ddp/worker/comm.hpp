@@ -34,6 +34,17 @@ class Communicator {
   virtual void all_gather(const void* in, void* out, std::size_t bytes) = 0;
 };
 
+// Stream-ordered all-reduce, which the NCCL communicator also offers: a bucket's all-reduce is
+// enqueued on the communicator's stream behind an event of the caller's compute stream (no host
+// synchronisation), and wait_all() completes every enqueued one, aborting on a failure.
+class StreamAllReduce {
+ public:
+  virtual ~StreamAllReduce() = default;
+  // ready_event: a cudaEvent_t recorded after the data were written.
+  virtual void all_reduce_sum_after(float* device_data, std::size_t count, void* ready_event) = 0;
+  virtual void wait_all() = 0;  // throws ddp::IoError naming the failure (peer gone, timeout)
+};
+
 struct CommOptions {
   int rank = 0;
   int size = 1;

@@ -1,0 +1,65 @@
+// The CPU engine: Model + Optimizer + GradReducer (see engine.hpp).
+#include "engine.hpp"
+
+#include "ddp/proto/error.hpp"
+#include "reducer.hpp"
+
+namespace ddp::train {
+namespace {
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(ModelSpec spec, const OptimizerConfig& opt, worker::Communicator* comm,
+            double bucket_cap_mb)
+      : Engine(std::move(spec), opt),
+        reducer_(comm, model_.grads().data(),
+                 plan_buckets(model_, std::size_t{1} << 20,
+                              static_cast<std::size_t>(bucket_cap_mb * 1024 * 1024))) {}
+
+  std::string device() const override { return "cpu"; }
+  std::size_t bucket_count() const override { return reducer_.buckets().size(); }
+
+  void micro_batch(const float* x, const std::uint8_t* labels, const float* targets,
+                   std::size_t rows, float scale, bool sync) override {
+    model_.forward(x, rows);
+    loss_ += model_.loss(labels, targets, rows, scale) / static_cast<double>(rows);
+    if (sync) {
+      model_.backward(x, rows, [&](std::size_t layer) { reducer_.layer_done(layer); });
+    } else {
+      model_.backward(x, rows, nullptr);
+    }
+  }
+
+  double step() override {
+    reducer_.finish();
+    opt_.step(model_.params().data(), model_.grads().data());
+    model_.zero_grads();
+    const double loss = loss_;
+    loss_ = 0.0;
+    return loss;
+  }
+
+  const float* predict(const float* x, std::size_t rows) override {
+    return model_.forward(x, rows);
+  }
+
+ private:
+  GradReducer reducer_;
+  double loss_ = 0.0;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cpu_engine(ModelSpec spec, const OptimizerConfig& opt,
+                                        worker::Communicator* comm, double bucket_cap_mb) {
+  return std::make_unique<CpuEngine>(std::move(spec), opt, comm, bucket_cap_mb);
+}
+
+#if !defined(DDP_WITH_CUDA)
+std::unique_ptr<Engine> make_cuda_engine(ModelSpec, const OptimizerConfig&, worker::Communicator*,
+                                         const CudaEngineOptions&) {
+  throw ConfigError("--device cuda: this ddprun was built without CUDA (DDP_WITH_CUDA=OFF)");
+}
+#endif
+
+}  // namespace ddp::train
