@@ -9,7 +9,7 @@ namespace ddp::launch {
 namespace {
 
 [[noreturn]] void bad(std::string_view list, const std::string& why) {
-  throw ConfigError("Slurm list '" + std::string(list) + "': " + why);
+  throw ConfigError(std::string("Slurm list '").append(list).append("': ").append(why));
 }
 
 // Splits at commas outside brackets.
@@ -35,7 +35,7 @@ unsigned long long number(std::string_view list, std::string_view text) {
   unsigned long long v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-    bad(list, "'" + std::string(text) + "' is not a number");
+    bad(list, std::string("'").append(text).append("' is not a number"));
   }
   return v;
 }
@@ -55,9 +55,9 @@ std::vector<std::string> expand_ranges(std::string_view list, std::string_view r
         dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
     const auto lo = number(list, lo_text);
     const auto hi = number(list, hi_text);
-    if (hi < lo) bad(list, "the range '" + std::string(item) + "' runs backwards");
+    if (hi < lo) bad(list, std::string("the range '").append(item).append("' runs backwards"));
     if (hi - lo >= limit || out.size() + (hi - lo) >= limit) {
-      bad(list, "more than " + std::to_string(limit) + " hosts");
+      bad(list, std::string("more than ").append(std::to_string(limit)).append(" hosts"));
     }
     for (auto v = lo; v <= hi; ++v) {
       std::string digits = std::to_string(v);
@@ -89,7 +89,7 @@ std::vector<std::string> expand_hostlist(std::string_view list, std::size_t limi
       const std::size_t close = item.find(']', open);
       const auto values = expand_ranges(list, item.substr(open + 1, close - open - 1), limit);
       if (partial.size() * values.size() > limit) {
-        bad(list, "more than " + std::to_string(limit) + " hosts");
+        bad(list, std::string("more than ").append(std::to_string(limit)).append(" hosts"));
       }
       std::vector<std::string> next;
       next.reserve(partial.size() * values.size());
@@ -100,7 +100,8 @@ std::vector<std::string> expand_hostlist(std::string_view list, std::size_t limi
       at = close + 1;
     }
     for (auto& p : partial) {
-      if (hosts.size() >= limit) bad(list, "more than " + std::to_string(limit) + " hosts");
+      if (hosts.size() >= limit)
+        bad(list, std::string("more than ").append(std::to_string(limit)).append(" hosts"));
       hosts.push_back(std::move(p));
     }
   }
@@ -116,7 +117,7 @@ std::vector<int> expand_counts(std::string_view list) {
     unsigned long long repeat = 1;
     if (paren != std::string_view::npos) {
       if (item.size() < paren + 4 || item.substr(paren, 2) != "(x" || item.back() != ')') {
-        bad(list, "'" + std::string(item) + "' is not N or N(xR)");
+        bad(list, std::string("'").append(item).append("' is not N or N(xR)"));
       }
       repeat = number(list, item.substr(paren + 2, item.size() - paren - 3));
     }
