@@ -62,7 +62,10 @@ void compare(const std::string& model, OptimizerConfig opt, bool bf16, int accum
     CHECK(std::abs(lc - lg) <= loss_tol * std::max(1.0, std::abs(lc)));
   }
   gpu->download();
-  CHECK(max_abs_diff(gpu->model().params(), cpu->model().params()) < (bf16 ? 5e-2 : 1e-4));
+  // Adam moves each parameter by about lr whatever the gradient's size, so a gradient within
+  // rounding of zero can flip a step between cuBLAS and OpenBLAS: allow 2 lr there.
+  const double param_tol = bf16 ? 5e-2 : opt.kind == "adam" ? 2.0 * opt.lr : 1e-4;
+  CHECK(max_abs_diff(gpu->model().params(), cpu->model().params()) < param_tol);
   CHECK(gpu->optimizer().steps() == 5);
   // predict agrees too
   const Batch b = random_batch(rows, in, 99);

@@ -3,6 +3,7 @@
 // ncclCommInitRankConfig. Buffers are device pointers; each call waits for its own stream,
 // polling for asynchronous errors, and aborts the communicator on a failure or a timeout.
 // Without CUDA the factory says so.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -60,12 +61,25 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
   }
   ~NcclCommunicator() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (comm_ != nullptr) {
-      if (aborted_) return;
-      ncclCommFinalize(comm_);
+    if (comm_ == nullptr || aborted_) return;
+    // Non-blocking: finalize may be in progress; poll it (bounded), then destroy. On an error
+    // or a timeout, abort instead, so a gone peer cannot hang the teardown.
+    bool clean = ncclCommFinalize(comm_) != ncclSystemError;
+    const auto deadline = Clock::now() + std::min(timeout_, std::chrono::milliseconds(30000));
+    ncclResult_t state = ncclInProgress;
+    while (clean) {
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) clean = false;
+      if (state == ncclSuccess) break;
+      if (state != ncclInProgress || Clock::now() > deadline) clean = false;
+      std::this_thread::yield();
+    }
+    if (clean) {
       ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
     }
   }
 
@@ -123,6 +137,7 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
   }
   // Waits for the stream's work, watching for asynchronous errors (a peer gone) meanwhile.
   void wait_stream(const char* what) {
+    if (aborted_) throw IoError(std::string("nccl ") + what + ": the communicator was aborted");
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       const cudaError_t rc = cudaStreamQuery(stream_);

@@ -203,7 +203,13 @@ class CudaEngine final : public Engine {
   double step() override {
     const std::size_t n = model_.param_count();
     if (stream_comm_ != nullptr) {
-      stream_comm_->wait_all();  // IoError: the parameters are untouched
+      try {
+        stream_comm_->wait_all();  // IoError: the parameters are untouched
+      } catch (...) {
+        micro_ = 0;  // the step is dropped: its losses and gradients do not carry over
+        cudaMemsetAsync(g_.get(), 0, n * sizeof(float), stream_);
+        throw;
+      }
       gpu::scale(g_.get(), n, 1.0f / static_cast<float>(world_), stream_);
     }
     opt_.set_steps(opt_.steps() + 1);
