@@ -549,3 +549,11 @@ def test_gpu_steps_match_the_cpu_path(tmp_path):
     c, g = runs["cpu"], runs["cuda"]
     assert abs(c["final_loss"] - g["final_loss"]) <= 1e-3 * max(1.0, abs(c["final_loss"])), (c, g)
     assert abs(c["test_accuracy"] - g["test_accuracy"]) <= 0.01, (c, g)
+
+
+def test_bad_shm_switch_is_named(tmp_path):
+    """DDP_SHM_ALLREDUCE is 0 or 1; anything else is refused before any communication."""
+    p = train(["--dataset", "synthetic", "--snapshot", "", "1", "0"], tmp_path,
+              env={"DDP_SHM_ALLREDUCE": "yes"})
+    assert p.returncode == 2, output(p)
+    assert "DDP_SHM_ALLREDUCE='yes'" in p.stderr, output(p)

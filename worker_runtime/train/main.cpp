@@ -107,6 +107,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     o.eval = !no_eval;
     if (auto it = env.find("DDP_TRAIN_FAULT"); it != env.end()) o.fault = it->second;
+    if (auto it = env.find("DDP_SHM_ALLREDUCE");
+        it != env.end() && it->second != "0" && it->second != "1") {
+      throw ConfigError("DDP_SHM_ALLREDUCE='" + it->second + "': expected 0 or 1");
+    }
     if (threads < 1) throw ConfigError("--threads must be >= 1");
     if (device == "auto") {
       device = kernels::cuda_built() && kernels::cuda_device_count() > 0 ? "cuda" : "cpu";
@@ -167,7 +171,7 @@ int main(int argc, char** argv) {
         comm = worker::make_gloo_communicator(co);
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
         const auto shm = env.find("DDP_SHM_ALLREDUCE");
-        if (wenv.local_world_size == wenv.world_size && (shm == env.end() || shm->second != "0")) {
+        if (wenv.local_world_size == wenv.world_size && (shm == env.end() || shm->second == "1")) {
           comm = worker::make_local_communicator(std::move(comm), co);
         }
         if (o.device == "cuda") {
