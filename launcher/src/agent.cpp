@@ -21,14 +21,17 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "ddp/launch/failure_report.hpp"
 #include "ddp/launch/liveness.hpp"
 #include "ddp/launch/rank_assignment.hpp"
 #include "ddp/launch/rendezvous.hpp"
+#include "ddp/launch/slurm_env.hpp"
 #include "ddp/launch/worker_group.hpp"
 #include "ddp/launch/worker_output.hpp"
 #include "ddp/proto/error.hpp"
@@ -61,6 +64,27 @@ milliseconds seconds_setting(const std::map<std::string, std::string>& m, const 
   } catch (const std::exception&) {
     throw ConfigError(what + " '" + it->second + "' is not a number of seconds >= 0");
   }
+}
+
+// TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s), cut under Slurm to end before slurmstepd's SIGKILL
+// at KillWait (from the slurm.conf in SLURM_CONF; Slurm's default 30 s when it says nothing).
+milliseconds slurm_aware_grace(const std::map<std::string, std::string>& env) {
+  auto grace = seconds_setting(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30,
+                               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (!env.count("SLURM_JOB_ID")) return grace;
+  auto conf = env.find("SLURM_CONF");
+  std::ifstream in(conf != env.end() ? conf->second : "/etc/slurm/slurm.conf");
+  std::stringstream text;
+  text << in.rdbuf();
+  const int kill_wait = parse_kill_wait(text.str()).value_or(30);
+  auto capped = stop_grace(grace, kill_wait);
+  if (capped < grace && env.count("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+    std::fprintf(stderr,
+                 "ddprun: TORCH_ELASTIC_SHUTDOWN_TIMEOUT cut to %.1f s to end before Slurm's "
+                 "KillWait=%d s\n",
+                 static_cast<double>(capped.count()) / 1000, kill_wait);
+  }
+  return capped;
 }
 
 std::string hostname() {
@@ -311,8 +335,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
                       "--nnodes=" + std::to_string(config.max_nodes));
   }
   const int nproc = resolve_nproc(config.nproc_per_node);
-  const auto grace = seconds_setting(agent_env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30,
-                                     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  const auto grace = slurm_aware_grace(agent_env);
   RendezvousOptions ro;
   ro.run_id = config.rdzv_id;
   ro.min_nodes = config.min_nodes;
@@ -346,6 +369,15 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
   // A console that went away (ddprun ... | head) must not kill the agent and its job.
   ::signal(SIGPIPE, SIG_IGN);
   const int sigfd = make_signalfd(config.signals_to_handle);
+  // SIGUSR1/SIGUSR2 (Slurm's --signal=USR1@60: "checkpoint soon") go to the workers and the
+  // job goes on; their default action would kill the agent. Listed in --signals-to-handle they
+  // stop the job instead, as torchrun's do.
+  std::vector<int> passed_on;
+  for (int s : {SIGUSR1, SIGUSR2}) {
+    const auto& h = config.signals_to_handle;
+    if (std::find(h.begin(), h.end(), s) == h.end()) passed_on.push_back(s);
+  }
+  const int passfd = make_signalfd(passed_on);
   RendezvousStore rs = open_rendezvous_store(config);
   auto store_ptr = connect_store(rs, co, sigfd);
   if (!store_ptr) {
@@ -475,7 +507,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     Outcome out{};
     bool decided = false, finished = false;
     while (!decided) {
-      std::vector<pollfd> fds{{sigfd, POLLIN, 0}, {watcher ? watcher->fd() : -1, POLLIN, 0}};
+      std::vector<pollfd> fds{{sigfd, POLLIN, 0},
+                              {watcher ? watcher->fd() : -1, POLLIN, 0},
+                              {passfd, POLLIN, 0}};
       const auto pidfds = workers.live_pidfds();
       for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
       const auto outs = pump.fds();
@@ -484,8 +518,15 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
         if (errno == EINTR) continue;
         throw IoError(std::string("poll failed: ") + std::strerror(errno));
       }
-      for (std::size_t i = 2 + pidfds.size(); i < fds.size(); ++i) {
+      for (std::size_t i = 3 + pidfds.size(); i < fds.size(); ++i) {
         if (fds[i].revents != 0) pump.on_readable(fds[i].fd);
+      }
+      if (fds[2].revents != 0) {
+        if (int sig = read_signal(passfd); sig != 0) {
+          std::fprintf(stderr, "ddprun: received signal %d (%s), passing it on to the workers\n",
+                       sig, strsignal(sig));
+          workers.signal_all(sig);
+        }
       }
       if (fds[0].revents != 0) {
         if (int sig = read_signal(sigfd); sig != 0) {
@@ -496,7 +537,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
         }
       }
       for (std::size_t i = 0; i < pidfds.size(); ++i) {
-        if (fds[2 + i].revents == 0) continue;
+        if (fds[3 + i].revents == 0) continue;
         WorkerExit e = workers.reap_pidfd(pidfds[i]);
         if (!e.failed()) continue;
         Failure f;

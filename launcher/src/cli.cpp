@@ -1,6 +1,7 @@
 // torchrun 2.x's command line for ddprun: both spellings of every multi-word flag, torchrun's
 // defaults, PET_<DEST> environment defaults (the command line wins), and validation with
 // messages that name the flag. The only file of the launcher that uses the option parser.
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <random>
@@ -9,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ddp/launch/config.hpp"
+#include "ddp/launch/slurm_env.hpp"
 #include "ddp/proto/error.hpp"
 
 namespace ddp::launch {
@@ -202,7 +204,30 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   if (c.entrypoint.empty()) {
     throw ConfigError("the following arguments are required: training_script");
   }
-  (void)c.endpoint();  // reject a malformed endpoint now, not at rendezvous time
+}
+
+// Under Slurm, with no endpoint given: the first host of the node list hosts the rendezvous.
+// A multi-node job whose host cannot be derived stops here rather than becoming a world of
+// one on localhost.
+void apply_slurm_endpoint(LaunchConfig& c, const SlurmDefaults& slurm, bool nnodes_given,
+                          bool master_addr_given) {
+  if (!slurm.layout_problem.empty() && !nnodes_given) throw ConfigError(slurm.layout_problem);
+  if (!c.rdzv_endpoint.empty()) return;
+  const bool is_static = c.rdzv_backend == "static";
+  if (is_static && (master_addr_given || c.max_nodes == 1)) return;
+  if (slurm.first_host.empty()) {
+    if (c.max_nodes == 1 && !is_static) return;  // endpoint() says it is required
+    throw ConfigError("this is a " + std::to_string(c.max_nodes) +
+                      "-node job but the rendezvous host cannot be derived from Slurm's "
+                      "environment (" + slurm.endpoint_problem +
+                      "); give --rdzv-endpoint=HOST:PORT (or --master-addr for the static "
+                      "backend) instead of letting every node start alone");
+  }
+  if (is_static) {
+    c.master_addr = slurm.first_host;
+  } else {
+    c.rdzv_endpoint = slurm.first_host;
+  }
 }
 
 }  // namespace
@@ -324,13 +349,35 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       text(s);
   }
 
-  // PET_<DEST> supplies a default: it goes in front, so the command line (later) wins.
-  std::vector<std::string> args;
+  // Slurm's environment, then PET_<DEST>, supply defaults: they go in front, so the command
+  // line (later) wins.
+  auto truthy = [](const std::string& v) { return v == "1" || v == "true" || v == "True"; };
+  bool standalone_asked = false;
+  for (std::size_t i = 1; i < argv.size() && argv[i] != "--"; ++i) {
+    if (argv[i] == "--standalone") standalone_asked = true;
+    if (!argv[i].empty() && argv[i][0] != '-') break;  // the entrypoint: its own arguments follow
+  }
+  if (auto it = env.find("PET_STANDALONE"); it != env.end() && truthy(it->second)) {
+    standalone_asked = true;
+  }
+  SlurmDefaults slurm;
+  try {
+    slurm = slurm_defaults(env, standalone_asked);
+  } catch (const ConfigError& e) {
+    ParseResult bad;
+    bad.message = std::string("ddprun: ") + e.what();
+    bad.exit_code = 2;
+    return bad;
+  }
+  std::vector<std::string> args = slurm.args;
+  const bool slurm_nnodes = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--nnodes=", 0) == 0;
+  });
   for (const auto& s : kSpecs) {
     auto it = env.find("PET_" + upper(s.dest));
     if (it == env.end()) continue;
     if (s.flag) {
-      if (it->second == "1" || it->second == "true" || it->second == "True") {
+      if (truthy(it->second)) {
         args.push_back(long_name(s));
       }
     } else {
@@ -364,6 +411,20 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       c.args.assign(rest.begin() + 1, rest.end());
     }
     validate_and_fill(c, raw, env);
+    if (slurm.active && !c.standalone) {
+      const bool nnodes_given = opts["nnodes"]->count() > (slurm_nnodes ? 1U : 0U);
+      apply_slurm_endpoint(c, slurm, nnodes_given, opts["master_addr"]->count() > 0);
+    }
+    (void)c.endpoint();  // reject a malformed endpoint now, not at rendezvous time
+    if (slurm.active) {
+      std::string used;
+      for (const auto& a : slurm.args) used += " " + a;
+      if (!slurm.first_host.empty() && !c.standalone) {
+        used += " rendezvous host " + slurm.first_host;
+      }
+      result.notice = "ddprun: Slurm job " + slurm.job + ": defaults from SLURM_*:" + used +
+                      " (flags and PET_* override them)";
+    }
     result.config = std::move(c);
   } catch (const CLI::CallForHelp&) {
     result.message = app.help();

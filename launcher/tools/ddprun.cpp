@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;
   }
+  if (!parsed.notice.empty()) std::cerr << parsed.notice << "\n";
   // Unlike torchrun, a compiled program (ELF) needs no --no-python: python could not run it.
   auto& config = *parsed.config;
   if (!config.no_python && !config.module && !config.run_path &&

@@ -68,6 +68,7 @@ struct ParseResult {
   std::optional<LaunchConfig> config;
   std::string message;
   int exit_code = 0;
+  std::string notice;  // with a config: what was taken from the environment (Slurm), for stderr
 };
 
 // argv as main() gets it; env as NAME -> value (PET_* supply defaults, the command line wins).

@@ -1,0 +1,175 @@
+// ddprun's defaults from Slurm's environment, and the stop grace under KillWait (see
+// slurm_env.hpp and docs/slurm.md for the rules and why).
+#include "ddp/launch/slurm_env.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <sstream>
+
+#include "ddp/launch/slurm.hpp"
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+const std::string* find(const Env& env, std::initializer_list<const char*> names,
+                        std::string* which = nullptr) {
+  for (const char* n : names) {
+    auto it = env.find(n);
+    if (it != env.end() && !it->second.empty()) {
+      if (which) *which = n;
+      return &it->second;
+    }
+  }
+  return nullptr;
+}
+
+int integer(const std::string& name, const std::string& text, int min) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < min) {
+    throw ConfigError(name + "='" + text + "' (from Slurm) is not an integer >= " +
+                      std::to_string(min));
+  }
+  return v;
+}
+int positive(const std::string& name, const std::string& text) { return integer(name, text, 1); }
+
+std::size_t count_items(const std::string& list) {
+  return static_cast<std::size_t>(std::count(list.begin(), list.end(), ',')) + 1;
+}
+
+// Workers per node: the GPUs Slurm gave this task, or in a one-node batch script its
+// --ntasks-per-node. Empty when Slurm says nothing about it.
+std::optional<int> workers_per_node(const Env& env, bool in_step) {
+  if (find(env, {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"})) {
+    // --gpus-per-task narrows CUDA_VISIBLE_DEVICES but leaves SLURM_GPUS_ON_NODE at the
+    // node's count: what this task can use is CUDA_VISIBLE_DEVICES.
+    if (const auto* cvd = find(env, {"CUDA_VISIBLE_DEVICES"})) {
+      return static_cast<int>(count_items(*cvd));
+    }
+    if (const auto* g = find(env, {"SLURM_GPUS_ON_NODE"})) return positive("SLURM_GPUS_ON_NODE", *g);
+  }
+  if (!in_step) {
+    if (const auto* t = find(env, {"SLURM_NTASKS_PER_NODE"})) {
+      return positive("SLURM_NTASKS_PER_NODE", *t);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+SlurmDefaults slurm_defaults(const Env& env, bool standalone) {
+  SlurmDefaults d;
+  const std::string* job = find(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
+  if (!job) return d;
+  d.active = true;
+  const std::string* step = find(env, {"SLURM_STEP_ID", "SLURM_STEPID"});
+  d.in_step = step != nullptr;
+  d.job = *job + (step ? "." + *step : "");
+
+  if (auto n = workers_per_node(env, d.in_step)) {
+    d.args.push_back("--nproc-per-node=" + std::to_string(*n));
+  }
+  if (standalone) return d;  // one node on its own: nothing else to derive
+
+  std::string list_name;
+  const std::string* list =
+      d.in_step ? find(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"},
+                       &list_name)
+                : find(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &list_name);
+  std::vector<std::string> hosts;
+  if (!list) {
+    d.endpoint_problem = d.in_step ? "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set"
+                                   : "SLURM_JOB_NODELIST is not set";
+  } else {
+    try {
+      hosts = expand_hostlist(*list);
+      d.first_host = hosts.front();
+    } catch (const ConfigError& e) {
+      d.endpoint_problem = list_name + ": " + e.what();
+    }
+  }
+
+  if (d.in_step) {
+    std::string nodes_name;
+    const auto* nodes =
+        find(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, &nodes_name);
+    if (nodes) d.args.push_back("--nnodes=" + std::to_string(positive(nodes_name, *nodes)));
+    // The node rank: this node's place in the step's node list (right even when the step runs
+    // on part of the job's nodes), else SLURM_NODEID.
+    int rank = -1;
+    if (const auto* me = find(env, {"SLURMD_NODENAME"})) {
+      auto it = std::find(hosts.begin(), hosts.end(), *me);
+      if (it != hosts.end()) rank = static_cast<int>(it - hosts.begin());
+    }
+    if (rank < 0) {
+      if (const auto* id = find(env, {"SLURM_NODEID"})) {
+        rank = integer("SLURM_NODEID", *id, 0);
+      }
+    }
+    if (rank >= 0) d.args.push_back("--node-rank=" + std::to_string(rank));
+    // One agent per node: several ddprun tasks on a node would each start the node's workers.
+    if (const auto* gtids = find(env, {"SLURM_GTIDS"}); gtids && count_items(*gtids) > 1) {
+      d.layout_problem = "srun started " + std::to_string(count_items(*gtids)) +
+                         " ddprun tasks on this node (SLURM_GTIDS=" + *gtids +
+                         "), but ddprun is one agent per node that starts the node's workers "
+                         "itself: run it as `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES "
+                         "ddprun ...` (or give --nnodes to override)";
+    }
+  } else {
+    const auto* nodes = find(env, {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
+    int n = nodes ? positive("SLURM_NNODES", *nodes) : 1;
+    if (n > 1) {
+      d.layout_problem =
+          "ddprun runs in the batch script of a " + std::to_string(n) +
+          "-node job, which runs on its first node only: start one ddprun per node with "
+          "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES ddprun ...` (or give --nnodes to "
+          "override)";
+    }
+  }
+  d.args.push_back("--rdzv-id=" + d.job);
+  return d;
+}
+
+std::optional<int> parse_kill_wait(std::string_view conf) {
+  std::optional<int> found;
+  std::istringstream in{std::string(conf)};
+  std::string line;
+  while (std::getline(in, line)) {
+    if (auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    auto start = line.find_first_not_of(" \t");
+    if (start == std::string::npos) continue;
+    line.erase(0, start);
+    constexpr std::string_view kKey = "killwait";
+    if (line.size() <= kKey.size()) continue;
+    std::string key = line.substr(0, kKey.size());
+    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) {
+      return static_cast<char>(std::tolower(c));
+    });
+    auto rest = line.find_first_not_of(" \t", kKey.size());
+    if (key != kKey || rest == std::string::npos || line[rest] != '=') continue;
+    std::string value = line.substr(rest + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    value.erase(value.find_last_not_of(" \t\r") + 1);
+    int v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (ec == std::errc() && end == value.data() + value.size() && v >= 0) found = v;
+  }
+  return found;
+}
+
+std::chrono::milliseconds stop_grace(std::chrono::milliseconds configured,
+                                     std::optional<int> kill_wait_s) {
+  if (!kill_wait_s) return configured;
+  using std::chrono::milliseconds;
+  const milliseconds kill_wait(static_cast<long>(*kill_wait_s) * 1000);
+  milliseconds cap = kill_wait - std::max(milliseconds(1000), kill_wait / 10);
+  cap = std::max(cap, milliseconds(500));
+  return std::min(configured, cap);
+}
+
+}  // namespace ddp::launch
