@@ -2,6 +2,9 @@
 // _start_workers and run.py's command assembly); see worker_env.hpp.
 #include "ddp/launch/worker_env.hpp"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 
 namespace ddp::launch {
@@ -25,6 +28,22 @@ bool is_native_executable(const std::string& path) {
   char magic[4] = {};
   return in.read(magic, sizeof magic) && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' &&
          magic[3] == 'F';
+}
+
+std::string find_on_path(const std::string& name, const std::string& path_var) {
+  if (name.empty() || name.find('/') != std::string::npos) return "";
+  std::size_t start = 0;
+  while (start <= path_var.size()) {
+    auto end = path_var.find(':', start);
+    if (end == std::string::npos) end = path_var.size();
+    std::string dir = path_var.substr(start, end - start);
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) {
+      return candidate;
+    }
+    start = end + 1;
+  }
+  return "";
 }
 
 std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,

@@ -1,6 +1,7 @@
 // ddprun: the torchrun-compatible launcher. Parses torchrun's command line (and PET_*), then
 // runs the node's agent; the exit code carries the first failure's code or 128 + signal.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "ddp/launch/agent.hpp"
@@ -24,9 +25,15 @@ int main(int argc, char** argv) {
   if (!parsed.notice.empty()) std::cerr << parsed.notice << "\n";
   // Unlike torchrun, a compiled program (ELF) needs no --no-python: python could not run it.
   auto& config = *parsed.config;
-  if (!config.no_python && !config.module && !config.run_path &&
-      ddp::launch::is_native_executable(config.entrypoint)) {
-    config.no_python = true;
+  // A bare name that is no file here but a program on PATH (`ddprun ddp-train ...`) is found
+  // as exec finds it.
+  if (!config.no_python && !config.module && !config.run_path) {
+    std::string program = config.entrypoint;
+    if (!std::filesystem::exists(program)) {
+      auto path = env.find("PATH");
+      program = ddp::launch::find_on_path(program, path == env.end() ? "" : path->second);
+    }
+    if (!program.empty() && ddp::launch::is_native_executable(program)) config.no_python = true;
   }
   try {
     return ddp::launch::run_agent(config, env);

@@ -54,6 +54,15 @@ TEST_CASE("a compiled program is recognised (run without python); scripts are no
   CHECK_FALSE(is_native_executable("/dev/null"));  // shorter than the magic
 }
 
+TEST_CASE("a bare program name is found on PATH as exec finds it", "[unit][launch]") {
+  CHECK(find_on_path("sh", "/nonexistent:/bin:/usr/bin") == "/bin/sh");
+  CHECK(find_on_path("sh", "/usr/bin:/bin") == "/usr/bin/sh");
+  CHECK(find_on_path("no-such-program-ddp", "/bin:/usr/bin").empty());
+  CHECK(find_on_path("./sh", "/bin").empty());  // a path is not looked up
+  CHECK(find_on_path("bin", "/").empty());      // a folder is not a program
+  CHECK(find_on_path("sh", "").empty());
+}
+
 TEST_CASE("the environment torchrun 2.x exports, on top of the agent's", "[unit][launch]") {
   auto c = config({"--max-restarts=3", "--role=trainer", "x.py"});
   auto env = worker_env(c, two_nodes_second(), 2, {{"PATH", "/bin"}, {"RANK", "stale"}});

@@ -33,6 +33,9 @@ struct GroupInfo {
 // True when `path` is an ELF file (a compiled program), which ddprun runs directly, as with
 // --no-python: python could not run it. Torchrun would hand it to python and fail.
 bool is_native_executable(const std::string& path);
+// A bare command name ("ddp-train") as exec would find it: the first executable file of that
+// name in PATH's folders; "" when none (or when the name has a '/').
+std::string find_on_path(const std::string& name, const std::string& path_var);
 
 // The worker's argv. PYTHON_EXEC in `agent_env` replaces the python executable.
 std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
