@@ -1,0 +1,131 @@
+"""A real 2-node Slurm 22.05 cluster for the Slurm tests, from ../shared/infra/local_slurm.sh:
+munged, slurmctld and one slurmd per node, each node in its own network namespace with its own
+address and hostname (netns mode: the blackhole route for the subnet is added first), 8 CPUs and
+2 fake GPUs (GRES char devices: Slurm sets CUDA_VISIBLE_DEVICES, no CUDA behind it) per node.
+Its own names, subnet and ports, so it never touches another local cluster; torn down at the end.
+Jobs run with build/bin and the torch 2.x venv first on PATH (sbatch exports the environment)."""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+BIN = os.environ.get("DDP_BIN_DIR", os.path.join(ROOT, "build/bin"))
+INFRA = os.environ.get("DDP_SLURM_INFRA", os.path.join(ROOT, "../shared/infra/local_slurm.sh"))
+VENV = os.environ.get("DDP_TORCH_VENV", os.path.expanduser("~/.cache/ddprun/torch-venv"))
+CLUSTER = {
+    "LOCAL_SLURM_DIR": "/tmp/ddprun-slurm-test",
+    "LOCAL_SLURM_MODE": "netns",
+    "LOCAL_SLURM_NODES": "2",
+    "LOCAL_SLURM_NODE_PREFIX": "dn",
+    "LOCAL_SLURM_CPUS": "8",
+    "LOCAL_SLURM_GPUS": "2",
+    "LOCAL_SLURM_SUBNET": "10.78.0",
+    "LOCAL_SLURM_NS_PREFIX": "ddpsl",
+    "LOCAL_SLURM_CTLD_PORT": "6917",
+    "LOCAL_SLURM_SLURMD_PORT": "6918",
+    "LOCAL_SLURM_MULTI_PORT_BASE": "17100",
+}
+JOB_TIMEOUT = 180  # seconds any one job may take before the test cancels it and fails
+
+
+class Cluster:
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.env = dict(os.environ)
+        self.env.update(CLUSTER)
+        self.env["SLURM_CONF"] = os.path.join(CLUSTER["LOCAL_SLURM_DIR"], "etc/slurm.conf")
+        self.env["PATH"] = f"{BIN}:{VENV}/bin:" + self.env["PATH"]
+        self.env.pop("OMP_NUM_THREADS", None)
+        for k in list(self.env):
+            if k.startswith(("SLURM_JOB", "SLURM_STEP", "PET_")):
+                del self.env[k]
+
+    def sbatch(self, script, *args, sbatch_opts=(), env=None):
+        """Submits; returns the job id."""
+        e = dict(self.env)
+        e.update(env or {})
+        out = subprocess.run(["sbatch", "--parsable", f"--chdir={self.workdir}",
+                              f"--output={self.workdir}/%x-%j.out", *sbatch_opts, script, *args],
+                             env=e, cwd=self.workdir, capture_output=True, text=True,
+                             timeout=30)
+        assert out.returncode == 0, f"sbatch {script} failed: {out.stderr}"
+        return out.stdout.strip().split(";")[0]
+
+    def state(self, jid):
+        out = subprocess.run(["scontrol", "show", "job", jid], env=self.env,
+                             capture_output=True, text=True, timeout=30).stdout
+        st = re.search(r"JobState=(\S+)", out)
+        ec = re.search(r"ExitCode=(\S+)", out)
+        name = re.search(r"JobName=(\S+)", out)
+        return (st.group(1) if st else "?", ec.group(1) if ec else "?",
+                name.group(1) if name else "?")
+
+    def running(self, jid):
+        return self.state(jid)[0] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+
+    def wait(self, jid, timeout=JOB_TIMEOUT):
+        """Waits for the job to end (cancelling it at the timeout); returns (state, exit, log)."""
+        deadline = time.monotonic() + timeout
+        while self.running(jid):
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", jid], env=self.env, timeout=30)
+                pytest.fail(f"job {jid} still running after {timeout} s:\n{self.log(jid)}")
+            time.sleep(0.2)
+        st, ec, _ = self.state(jid)
+        return st, ec, self.log(jid)
+
+    def log(self, jid):
+        name = self.state(jid)[2]
+        path = os.path.join(self.workdir, f"{name}-{jid}.out")
+        return open(path).read() if os.path.exists(path) else ""
+
+    def wait_for_line(self, jid, pattern, timeout=JOB_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.log(jid)):
+            if not self.running(jid) or time.monotonic() > deadline:
+                subprocess.run(["scancel", jid], env=self.env, timeout=30)
+                pytest.fail(f"job {jid}: no line matching {pattern!r}:\n{self.log(jid)}")
+            time.sleep(0.1)
+
+    def scancel(self, jid, *opts):
+        subprocess.run(["scancel", *opts, jid], env=self.env, check=True, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster needs root (network namespaces, munged)")
+    if not os.path.exists(os.path.join(BIN, "ddprun")):
+        pytest.fail(f"ddprun not found in {BIN}: build first or set DDP_BIN_DIR")
+    env = dict(os.environ)
+    env.update(CLUSTER)
+    up = subprocess.run([INFRA, "up"], env=env, capture_output=True, text=True, timeout=600)
+    if up.returncode != 0:
+        pytest.fail("local_slurm.sh up failed:\n" + up.stdout + up.stderr)
+    workdir = tmp_path_factory.mktemp("slurm-jobs")
+    os.chmod(workdir, 0o755)
+    try:
+        yield Cluster(str(workdir))
+    finally:
+        subprocess.run([INFRA, "down"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def worker_pids(marker):
+    """Live processes whose command line contains marker (zombies are dead)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z":
+            pids.append((int(d), cmd))
+    return pids

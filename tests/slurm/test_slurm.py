@@ -1,0 +1,134 @@
+"""ddprun under a real Slurm (2 nodes, see conftest.py): every sbatch script in slurm/ runs to
+success with the right world size and ranks; scancel stops every worker after ddp-train has
+written its snapshot (and SIGUSR1 saves and goes on); a node whose agent is killed mid-job
+leaves an elastic job (--nnodes=1:2, --max-restarts) running on the survivor."""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from conftest import ROOT, worker_pids
+
+SLURM_DIR = os.path.join(ROOT, "slurm")
+TOY = os.path.join(SLURM_DIR, "examples/ddp_toy.py")
+# The small job every ddp-train script runs: 1 epoch of 1024 Fashion-MNIST samples.
+SMALL = ["--train-subset", "1024", "--batch-size", "64", "--no-eval"]
+# Test-cluster sizes in place of the scripts' production ones (2 fake GPUs, 8 CPUs a node).
+GPU_NODE = ["--gpus-per-node=2", "--cpus-per-task=4"]
+
+
+def ddp_train_result(log):
+    world = re.search(r"world size (\d+), batch 64 per rank", log)
+    steps = re.search(r"ddp-train: (\d+) steps in", log)
+    assert world and steps, log
+    return int(world.group(1)), int(steps.group(1))
+
+
+@pytest.mark.parametrize("script,opts,env,world", [
+    ("ddp-train-1node.sbatch", GPU_NODE, {"DEVICE": "cpu"}, 2),  # a worker per (fake) GPU
+    ("ddp-train-1node-cpu.sbatch", [], {}, 4),                   # --ntasks-per-node=4
+    ("ddp-train-multinode.sbatch", GPU_NODE, {"DEVICE": "cpu"}, 4),
+    ("ddp-train-multinode-cpu.sbatch", [], {}, 4),               # 2 nodes x NPROC_PER_NODE=2
+])
+def test_ddp_train_scripts(cluster, tmp_path, script, opts, env, world):
+    snap = str(tmp_path / "snap")
+    jid = cluster.sbatch(os.path.join(SLURM_DIR, script), *SMALL, sbatch_opts=opts,
+                         env={"SNAPSHOT": snap, "EPOCHS": "1", **env})
+    state, code, log = cluster.wait(jid)
+    assert (state, code) == ("COMPLETED", "0:0"), log
+    got_world, steps = ddp_train_result(log)
+    assert got_world == world, log
+    assert steps == 1024 // (64 * world), log  # the data really was split over `world` ranks
+    assert os.path.exists(snap)
+    multi = "multinode" in script
+    # What ddprun took from Slurm, printed by every agent.
+    notices = re.findall(r"ddprun: Slurm job (\S+): defaults from SLURM_\*:(.*)\(flags", log)
+    assert len(notices) == (2 if multi else 1), log
+    if multi:
+        assert {n[1].split("--node-rank=")[1].split()[0] for n in notices} == {"0", "1"}
+        assert all("--nnodes=2" in n[1] and "rendezvous host dn1" in n[1] for n in notices)
+        assert all(n[0] == jid + ".0" for n in notices)
+    if "cpu" not in script or not multi:
+        assert f"--nproc-per-node={world // (2 if multi else 1)}" in notices[0][1], log
+
+
+@pytest.mark.parametrize("script,opts", [
+    ("torch-script-multinode.sbatch", GPU_NODE),
+    ("torch-script-multinode-cpu.sbatch", []),
+])
+def test_torch_script_runs_unchanged(cluster, script, opts):
+    jid = cluster.sbatch(os.path.join(SLURM_DIR, script), TOY, "--steps", "5", sbatch_opts=opts)
+    state, code, log = cluster.wait(jid)
+    assert (state, code) == ("COMPLETED", "0:0"), log
+    lines = re.findall(r"ddp_toy: rank (\d+)/(\d+) local_rank (\d+) node (\S+)", log)
+    assert sorted(int(r) for r, _, _, _ in lines) == [0, 1, 2, 3], log
+    assert {w for _, w, _, _ in lines} == {"4"}
+    # Two nodes, two local ranks each, ranks contiguous per node.
+    by_node = {}
+    for r, _, lr, node in lines:
+        by_node.setdefault(node, []).append((int(r), int(lr)))
+    assert sorted(by_node) == ["dn1", "dn2"], log
+    for ranks in by_node.values():
+        ranks.sort()
+        assert [lr for _, lr in ranks] == [0, 1]
+        assert ranks[1][0] == ranks[0][0] + 1
+    assert "ddp_toy: done steps 5" in log
+
+
+def test_scancel_stops_every_worker_after_the_snapshot(cluster, tmp_path):
+    snap = str(tmp_path / "cancelled.snapshot")
+    # A long run (50 epochs); SAVE_EVERY=0, so any snapshot comes from a signal.
+    jid = cluster.sbatch(os.path.join(SLURM_DIR, "ddp-train-multinode-cpu.sbatch"),
+                         "--batch-size", "8", "--log-every", "50", "--no-eval",
+                         env={"SNAPSHOT": snap, "EPOCHS": "50", "SAVE_EVERY": "0"})
+    cluster.wait_for_line(jid, r"epoch 1/50 step \d+/")
+    assert len(worker_pids(snap)) >= 4  # 2 agents + 4 workers carry the path in argv
+
+    # SIGUSR1 (what #SBATCH --signal=USR1@60 sends): a snapshot, and the job goes on.
+    cluster.scancel(jid, "--signal=USR1")
+    cluster.wait_for_line(jid, r"snapshot \S+ written \(SIGUSR1\)")
+    time.sleep(1)
+    assert cluster.running(jid), cluster.log(jid)
+    os.unlink(snap)
+
+    cluster.scancel(jid)  # SIGTERM to every process of the step, SIGKILL after KillWait=5 s
+    state, _, log = cluster.wait(jid, timeout=60)
+    print(log)
+    assert state == "CANCELLED", log
+    assert re.search(r"snapshot \S+ written \(stop signal\)", log), log
+    assert os.path.exists(snap), log
+    assert "received signal 15 (Terminated), forwarding it to the workers" in log, log
+    deadline = time.monotonic() + 10  # PID 1 may reap late; give stragglers a moment
+    while worker_pids(snap) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker_pids(snap) == [], log
+
+
+def test_a_killed_agent_leaves_the_elastic_job_running_on_the_survivor(cluster, tmp_path):
+    snap = str(tmp_path / "elastic.snapshot")
+    job = tmp_path / "elastic.sbatch"
+    job.write_text(f"""#!/bin/bash
+#SBATCH --job-name=elastic --nodes=2 --ntasks-per-node=1 --cpus-per-task=2
+srun --kill-on-bad-exit=0 bash -c 'echo $$ > {tmp_path}/agent-$SLURMD_NODENAME.pid; \\
+  exec ddprun --rdzv-backend=c10d --nnodes=1:2 --max-restarts=2 --nproc-per-node=1 \\
+  ddp-train --snapshot {snap} --batch-size 8 --train-subset 16000 --log-every 100 --no-eval 1 1'
+echo "srun exit $?"
+""")
+    jid = cluster.sbatch(str(job))
+    cluster.wait_for_line(jid, r"epoch 1/1 step [1-9]\d\d/1000")
+    agent = int((tmp_path / "agent-dn2.pid").read_text())
+    assert "ddprun" in open(f"/proc/{agent}/cmdline").read()
+    os.kill(agent, signal.SIGKILL)  # dn2's agent dies; dn1 hosts the store and goes on
+
+    state, _, log = cluster.wait(jid)
+    print(log)
+    after = log[log.index("world size 2"):]
+    assert re.search(r"restarting the workers|re-forming the job", after), log
+    assert "world size 1," in after, log  # the survivor alone
+    assert re.search(r"ddp-train: \d+ steps in", after), log
+    # dn2's task was killed; dn1's agent finished its job normally.
+    assert re.search(r"dn2: task 1: Killed", log), log
+    assert "dn1: task 0" not in log, log
+    assert worker_pids(snap) == [], log
