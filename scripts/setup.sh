@@ -2,7 +2,8 @@
 # Installs what ddprun needs on a fresh Debian 12 machine; safe to run again (it skips what is
 # there). Usage: scripts/setup.sh [--with-torch]
 #   Debian packages: compilers, CMake/Ninja/ccache, Boost, spdlog, nlohmann-json, CLI11,
-#   Catch2 v2, clang (libFuzzer), Debian's python3-torch 1.13 + pytest (interop tests).
+#   Catch2 v2, clang (libFuzzer), Debian's python3-torch 1.13 + pytest (interop tests), and
+#   Slurm 22.05 + munge (the Slurm tests' local cluster).
 #   --with-torch: also a venv with PyPI's torch 2.x + pytest, cached outside the clone at
 #   $DDP_TORCH_VENV (default ~/.cache/ddprun/torch-venv) so reruns on a machine are fast.
 set -euo pipefail
@@ -14,7 +15,8 @@ packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
           libboost-filesystem-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
           libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist
           clang libclang-rt-14-dev clang-format python3 python3-venv iproute2 util-linux)
-[[ $with_torch == 1 ]] && packages+=(python3-torch python3-pytest)
+# The tests also start a real local Slurm cluster (tests/slurm, ../shared/infra/local_slurm.sh).
+[[ $with_torch == 1 ]] && packages+=(python3-torch python3-pytest slurmctld slurmd slurm-client munge)
 
 missing=()
 for p in "${packages[@]}"; do

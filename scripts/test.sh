@@ -2,6 +2,7 @@
 # The whole test suite, from a fresh machine: install (torch 2.x venv included), then
 #   1. build/       warnings as errors; unit, integration, interop (torch 2.x, torch 1.13,
 #                   torchrun) and the GPU suite (skipped without a GPU) under ctest
+#   1b. tests/slurm: the sbatch scripts in slurm/ on a real local 2-node Slurm cluster
 #   2. build-asan/  ASan+UBSan build of the CPU tests (unit + integration), and the interop
 #                   suites against the sanitized ddprund
 #   2b. build-tsan/ ThreadSanitizer build of unit + integration
@@ -47,6 +48,27 @@ if cmake -S . -B build -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_TORCH
   run_ctest build
 else
   echo "FAILED: build"; failed=$((failed + 1))
+fi
+
+note "1b. Slurm: the slurm/ scripts on a real 2-node Slurm cluster (its own network namespaces)"
+# Not in loopback_only.sh's namespace: local_slurm.sh builds its nodes' namespaces and bridge
+# itself, blackhole route first, and tears them down at the end.
+run_pytest() {  # run_pytest ARGS...: one count per test
+  local log; log=$(mktemp)
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "$@" 2>&1 | tee "$log"
+  local p f s e
+  p=$(grep -oE '[0-9]+ passed' "$log" | tail -1 | cut -d' ' -f1)
+  f=$(grep -oE '[0-9]+ failed' "$log" | tail -1 | cut -d' ' -f1)
+  s=$(grep -oE '[0-9]+ skipped' "$log" | tail -1 | cut -d' ' -f1)
+  e=$(grep -oE '[0-9]+ errors?' "$log" | tail -1 | cut -d' ' -f1)
+  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0} + ${e:-0})); skipped=$((skipped + ${s:-0}))
+  [[ -n "$p$f$s$e" ]] || failed=$((failed + 1))
+  rm -f "$log"
+}
+if [[ -x build/bin/ddprun && -x build/bin/ddp-train ]]; then
+  run_pytest tests/slurm
+else
+  echo "FAILED: slurm (no build)"; failed=$((failed + 1))
 fi
 
 note "2. ASan+UBSan: unit + integration, and real torch 2.x clients against a sanitized ddprund"

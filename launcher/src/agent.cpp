@@ -69,8 +69,8 @@ milliseconds seconds_setting(const std::map<std::string, std::string>& m, const 
 // TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s), cut under Slurm to end before slurmstepd's SIGKILL
 // at KillWait (from the slurm.conf in SLURM_CONF; Slurm's default 30 s when it says nothing).
 milliseconds slurm_aware_grace(const std::map<std::string, std::string>& env) {
-  auto grace = seconds_setting(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30,
-                               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  auto grace =
+      seconds_setting(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
   if (!env.count("SLURM_JOB_ID")) return grace;
   auto conf = env.find("SLURM_CONF");
   std::ifstream in(conf != env.end() ? conf->second : "/etc/slurm/slurm.conf");
@@ -507,9 +507,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     Outcome out{};
     bool decided = false, finished = false;
     while (!decided) {
-      std::vector<pollfd> fds{{sigfd, POLLIN, 0},
-                              {watcher ? watcher->fd() : -1, POLLIN, 0},
-                              {passfd, POLLIN, 0}};
+      std::vector<pollfd> fds{
+          {sigfd, POLLIN, 0}, {watcher ? watcher->fd() : -1, POLLIN, 0}, {passfd, POLLIN, 0}};
       const auto pidfds = workers.live_pidfds();
       for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
       const auto outs = pump.fds();

@@ -219,7 +219,8 @@ void apply_slurm_endpoint(LaunchConfig& c, const SlurmDefaults& slurm, bool nnod
     if (c.max_nodes == 1 && !is_static) return;  // endpoint() says it is required
     throw ConfigError("this is a " + std::to_string(c.max_nodes) +
                       "-node job but the rendezvous host cannot be derived from Slurm's "
-                      "environment (" + slurm.endpoint_problem +
+                      "environment (" +
+                      slurm.endpoint_problem +
                       "); give --rdzv-endpoint=HOST:PORT (or --master-addr for the static "
                       "backend) instead of letting every node start alone");
   }
@@ -370,9 +371,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
     return bad;
   }
   std::vector<std::string> args = slurm.args;
-  const bool slurm_nnodes = std::any_of(args.begin(), args.end(), [](const std::string& a) {
-    return a.rfind("--nnodes=", 0) == 0;
-  });
+  const bool slurm_nnodes = std::any_of(
+      args.begin(), args.end(), [](const std::string& a) { return a.rfind("--nnodes=", 0) == 0; });
   for (const auto& s : kSpecs) {
     auto it = env.find("PET_" + upper(s.dest));
     if (it == env.end()) continue;

@@ -30,8 +30,8 @@ int integer(const std::string& name, const std::string& text, int min) {
   int v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < min) {
-    throw ConfigError(name + "='" + text + "' (from Slurm) is not an integer >= " +
-                      std::to_string(min));
+    throw ConfigError(name + "='" + text +
+                      "' (from Slurm) is not an integer >= " + std::to_string(min));
   }
   return v;
 }
@@ -50,7 +50,8 @@ std::optional<int> workers_per_node(const Env& env, bool in_step) {
     if (const auto* cvd = find(env, {"CUDA_VISIBLE_DEVICES"})) {
       return static_cast<int>(count_items(*cvd));
     }
-    if (const auto* g = find(env, {"SLURM_GPUS_ON_NODE"})) return positive("SLURM_GPUS_ON_NODE", *g);
+    if (const auto* g = find(env, {"SLURM_GPUS_ON_NODE"}))
+      return positive("SLURM_GPUS_ON_NODE", *g);
   }
   if (!in_step) {
     if (const auto* t = find(env, {"SLURM_NTASKS_PER_NODE"})) {
@@ -78,9 +79,9 @@ SlurmDefaults slurm_defaults(const Env& env, bool standalone) {
 
   std::string list_name;
   const std::string* list =
-      d.in_step ? find(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"},
-                       &list_name)
-                : find(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &list_name);
+      d.in_step
+          ? find(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &list_name)
+          : find(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &list_name);
   std::vector<std::string> hosts;
   if (!list) {
     d.endpoint_problem = d.in_step ? "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set"
@@ -113,9 +114,23 @@ SlurmDefaults slurm_defaults(const Env& env, bool standalone) {
     }
     if (rank >= 0) d.args.push_back("--node-rank=" + std::to_string(rank));
     // One agent per node: several ddprun tasks on a node would each start the node's workers.
-    if (const auto* gtids = find(env, {"SLURM_GTIDS"}); gtids && count_items(*gtids) > 1) {
-      d.layout_problem = "srun started " + std::to_string(count_items(*gtids)) +
-                         " ddprun tasks on this node (SLURM_GTIDS=" + *gtids +
+    // SLURM_GTIDS lists this node's tasks; else SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at this
+    // node's place in the step.
+    std::size_t tasks = 1;
+    std::string why;
+    if (const auto* gtids = find(env, {"SLURM_GTIDS"})) {
+      tasks = count_items(*gtids);
+      why = "SLURM_GTIDS=" + *gtids;
+    } else if (const auto* per = find(env, {"SLURM_STEP_TASKS_PER_NODE"}); per && rank >= 0) {
+      auto counts = expand_counts(*per);
+      if (static_cast<std::size_t>(rank) < counts.size()) {
+        tasks = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
+      }
+      why = "SLURM_STEP_TASKS_PER_NODE=" + *per;
+    }
+    if (tasks > 1) {
+      d.layout_problem = "srun started " + std::to_string(tasks) + " ddprun tasks on this node (" +
+                         why +
                          "), but ddprun is one agent per node that starts the node's workers "
                          "itself: run it as `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES "
                          "ddprun ...` (or give --nnodes to override)";
@@ -147,9 +162,8 @@ std::optional<int> parse_kill_wait(std::string_view conf) {
     constexpr std::string_view kKey = "killwait";
     if (line.size() <= kKey.size()) continue;
     std::string key = line.substr(0, kKey.size());
-    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) {
-      return static_cast<char>(std::tolower(c));
-    });
+    std::transform(key.begin(), key.end(), key.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     auto rest = line.find_first_not_of(" \t", kKey.size());
     if (key != kKey || rest == std::string::npos || line[rest] != '=') continue;
     std::string value = line.substr(rest + 1);

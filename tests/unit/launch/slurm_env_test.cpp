@@ -16,20 +16,25 @@ namespace {
 
 // `srun -N2 --ntasks-per-node=1` on node n2 of job 12, as slurmd sets it up.
 Env step_on_n2() {
-  return {{"SLURM_JOB_ID", "12"},          {"SLURM_JOBID", "12"},
-          {"SLURM_STEP_ID", "0"},          {"SLURM_STEPID", "0"},
-          {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_STEP_NODELIST", "n[1-2]"},
-          {"SLURM_NNODES", "2"},           {"SLURM_STEP_NUM_NODES", "2"},
-          {"SLURM_NODEID", "1"},           {"SLURMD_NODENAME", "n2"},
-          {"SLURM_GTIDS", "1"},            {"SLURM_NTASKS_PER_NODE", "1"},
+  return {{"SLURM_JOB_ID", "12"},
+          {"SLURM_JOBID", "12"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEPID", "0"},
+          {"SLURM_JOB_NODELIST", "n[1-2]"},
+          {"SLURM_STEP_NODELIST", "n[1-2]"},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_NODEID", "1"},
+          {"SLURMD_NODENAME", "n2"},
+          {"SLURM_GTIDS", "1"},
+          {"SLURM_NTASKS_PER_NODE", "1"},
           {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}};
 }
 
 // The batch script of a one-node job with --ntasks-per-node=4.
 Env batch_one_node() {
-  return {{"SLURM_JOB_ID", "7"},          {"SLURM_JOB_NODELIST", "gpu-07"},
-          {"SLURM_NNODES", "1"},          {"SLURM_NODEID", "0"},
-          {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURMD_NODENAME", "gpu-07"}};
+  return {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "gpu-07"}, {"SLURM_NNODES", "1"},
+          {"SLURM_NODEID", "0"}, {"SLURM_NTASKS_PER_NODE", "4"},   {"SLURMD_NODENAME", "gpu-07"}};
 }
 
 ParseResult parse(std::vector<std::string> args, const Env& env) {
@@ -99,8 +104,8 @@ TEST_CASE("the node rank is this node's place in the step's node list", "[unit][
 }
 
 TEST_CASE("flags and PET_* win over Slurm's values", "[unit][slurm]") {
-  auto c = ok({"--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:5000",
-               "--rdzv-id=mine", "train.py"},
+  auto c = ok({"--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:5000", "--rdzv-id=mine",
+               "train.py"},
               step_on_n2());
   CHECK(c.min_nodes == 1);
   CHECK(c.max_nodes == 2);
@@ -151,8 +156,7 @@ TEST_CASE("a multi-node job never silently becomes a world of one", "[unit][slur
   env["SLURM_STEP_NODELIST"] = "n[1-";
   CHECK(bad({"train.py"}, env).find("SLURM_STEP_NODELIST") != std::string::npos);
   // An explicit endpoint needs no node list.
-  CHECK(ok({"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "train.py"}, env).rdzv_endpoint ==
-        "h:1");
+  CHECK(ok({"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "train.py"}, env).rdzv_endpoint == "h:1");
 }
 
 TEST_CASE("several ddprun tasks on a node, or a multi-node batch script, are refused",
@@ -163,6 +167,13 @@ TEST_CASE("several ddprun tasks on a node, or a multi-node batch script, are ref
   CHECK(msg.find("2 ddprun tasks on this node") != std::string::npos);
   CHECK(msg.find("--ntasks-per-node=1") != std::string::npos);
   CHECK(ok({"--nnodes=4", "--rdzv-backend=c10d", "train.py"}, env).max_nodes == 4);
+  env.erase("SLURM_GTIDS");  // then the step's compressed per-node counts, at this node
+  env["SLURM_STEP_TASKS_PER_NODE"] = "1,3";
+  CHECK(
+      bad({"train.py"}, env).find("3 ddprun tasks on this node (SLURM_STEP_TASKS_PER_NODE=1,3)") !=
+      std::string::npos);
+  env["SLURM_STEP_TASKS_PER_NODE"] = "3,1";
+  CHECK(ok({"train.py"}, env).max_nodes == 2);
 
   auto batch = batch_one_node();
   batch["SLURM_NNODES"] = "2";
