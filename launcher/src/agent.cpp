@@ -71,7 +71,7 @@ milliseconds seconds_setting(const std::map<std::string, std::string>& m, const 
 milliseconds slurm_aware_grace(const std::map<std::string, std::string>& env) {
   auto grace =
       seconds_setting(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-  if (!env.count("SLURM_JOB_ID")) return grace;
+  if (!env.count("SLURM_JOB_ID") && !env.count("SLURM_JOBID")) return grace;
   auto conf = env.find("SLURM_CONF");
   std::ifstream in(conf != env.end() ? conf->second : "/etc/slurm/slurm.conf");
   std::stringstream text;
@@ -498,6 +498,12 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
                   config.tee.for_rank(r), shown,
                   g.attempt_dir.empty() ? "" : g.attempt_dir + "/" + std::to_string(r));
       specs.push_back(std::move(spec));
+    }
+    // A SIGUSR1/2 that came while no worker ran (rendezvous, restart) is dropped: delivered now
+    // it would reach the new workers before they can handle it, and kill them.
+    while (int sig = read_signal(passfd)) {
+      std::fprintf(stderr, "ddprun: signal %d (%s) came while no worker ran; dropped\n", sig,
+                   strsignal(sig));
     }
     WorkerGroup workers;
     workers.start(specs);

@@ -208,15 +208,13 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
 
 // Under Slurm, with no endpoint given: the first host of the node list hosts the rendezvous.
 // A multi-node job whose host cannot be derived stops here rather than becoming a world of
-// one on localhost.
-void apply_slurm_endpoint(LaunchConfig& c, const SlurmDefaults& slurm, bool nnodes_given,
-                          bool master_addr_given) {
-  if (!slurm.layout_problem.empty() && !nnodes_given) throw ConfigError(slurm.layout_problem);
-  if (!c.rdzv_endpoint.empty()) return;
+// one on localhost. Returns whether the host was used.
+bool apply_slurm_endpoint(LaunchConfig& c, const SlurmDefaults& slurm, bool master_addr_given) {
+  if (!c.rdzv_endpoint.empty()) return false;
   const bool is_static = c.rdzv_backend == "static";
-  if (is_static && (master_addr_given || c.max_nodes == 1)) return;
+  if (is_static && (master_addr_given || c.max_nodes == 1)) return false;
   if (slurm.first_host.empty()) {
-    if (c.max_nodes == 1 && !is_static) return;  // endpoint() says it is required
+    if (c.max_nodes == 1 && !is_static) return false;  // endpoint() says it is required
     throw ConfigError("this is a " + std::to_string(c.max_nodes) +
                       "-node job but the rendezvous host cannot be derived from Slurm's "
                       "environment (" +
@@ -224,11 +222,58 @@ void apply_slurm_endpoint(LaunchConfig& c, const SlurmDefaults& slurm, bool nnod
                       "); give --rdzv-endpoint=HOST:PORT (or --master-addr for the static "
                       "backend) instead of letting every node start alone");
   }
-  if (is_static) {
-    c.master_addr = slurm.first_host;
-  } else {
-    c.rdzv_endpoint = slurm.first_host;
+  (is_static ? c.master_addr : c.rdzv_endpoint) = slurm.first_host;
+  return true;
+}
+
+// The parsed config with Slurm's defaults in place: checks what they could not supply, undoes
+// the node-count defaults for --standalone, fills the endpoint. Returns the notice line naming
+// the values Slurm supplied that stayed in effect.
+std::string apply_slurm(LaunchConfig& c, const SlurmDefaults& slurm,
+                        std::map<std::string, CLI::Option*>& opts) {
+  auto dest_of = [](const std::string& arg) {
+    std::string d =
+        arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+    std::replace(d.begin(), d.end(), '-', '_');
+    return d;
+  };
+  auto from_slurm = [&](const std::string& dest) {
+    return std::any_of(slurm.args.begin(), slurm.args.end(),
+                       [&](const std::string& a) { return dest_of(a) == dest; });
+  };
+  // Given on the command line or in PET_*: more occurrences than Slurm's own.
+  auto given = [&](const std::string& dest) {
+    return opts.at(dest)->count() > (from_slurm(dest) ? 1U : 0U);
+  };
+  for (const auto& [flag, why] : slurm.problems) {
+    if (!given(dest_of(flag))) throw ConfigError(why + " (or give " + flag + ")");
   }
+  if (!slurm.layout_problem.empty() && !given("nnodes")) throw ConfigError(slurm.layout_problem);
+  auto kept = [&](const std::string& dest) {
+    if (given(dest)) return false;
+    return !(c.standalone && (dest == "nnodes" || dest == "node_rank" || dest == "rdzv_id"));
+  };
+  if (c.standalone) {  // one node on its own: only the worker count comes from Slurm
+    if (!given("nnodes")) c.min_nodes = c.max_nodes = 1;
+    if (!given("node_rank")) c.node_rank = 0;
+  }
+  if (c.rdzv_backend == "static" && !c.standalone && from_slurm("node_rank") &&
+      !given("node_rank") && c.node_rank >= c.max_nodes) {
+    throw ConfigError("--nnodes=" + std::to_string(c.max_nodes) + " is given, but this is node " +
+                      std::to_string(c.node_rank) +
+                      " of the Slurm step (its --node-rank from SLURM_*): give --node-rank "
+                      "too, or leave --nnodes to Slurm");
+  }
+  std::string used;
+  for (const auto& a : slurm.args) {
+    if (kept(dest_of(a))) used += " " + a;
+  }
+  if (!c.standalone && apply_slurm_endpoint(c, slurm, given("master_addr"))) {
+    used += " rendezvous host " + slurm.first_host;
+  }
+  if (used.empty()) used = " none (flags and PET_* gave everything)";
+  return "ddprun: Slurm job " + slurm.job + ": defaults from SLURM_*:" + used +
+         " (flags and PET_* override them)";
 }
 
 }  // namespace
@@ -353,26 +398,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
   // Slurm's environment, then PET_<DEST>, supply defaults: they go in front, so the command
   // line (later) wins.
   auto truthy = [](const std::string& v) { return v == "1" || v == "true" || v == "True"; };
-  bool standalone_asked = false;
-  for (std::size_t i = 1; i < argv.size() && argv[i] != "--"; ++i) {
-    if (argv[i] == "--standalone") standalone_asked = true;
-    if (!argv[i].empty() && argv[i][0] != '-') break;  // the entrypoint: its own arguments follow
-  }
-  if (auto it = env.find("PET_STANDALONE"); it != env.end() && truthy(it->second)) {
-    standalone_asked = true;
-  }
-  SlurmDefaults slurm;
-  try {
-    slurm = slurm_defaults(env, standalone_asked);
-  } catch (const ConfigError& e) {
-    ParseResult bad;
-    bad.message = std::string("ddprun: ") + e.what();
-    bad.exit_code = 2;
-    return bad;
-  }
+  const SlurmDefaults slurm = slurm_defaults(env);
   std::vector<std::string> args = slurm.args;
-  const bool slurm_nnodes = std::any_of(
-      args.begin(), args.end(), [](const std::string& a) { return a.rfind("--nnodes=", 0) == 0; });
   for (const auto& s : kSpecs) {
     auto it = env.find("PET_" + upper(s.dest));
     if (it == env.end()) continue;
@@ -380,6 +407,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       if (truthy(it->second)) {
         args.push_back(long_name(s));
       }
+    } else if (it->second.empty()) {
+      args.push_back(long_name(s));  // CLI11 reads "--opt=" as "take the next argument"
+      args.emplace_back();
     } else {
       args.push_back(long_name(s) + "=" + it->second);
     }
@@ -411,20 +441,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       c.args.assign(rest.begin() + 1, rest.end());
     }
     validate_and_fill(c, raw, env);
-    if (slurm.active && !c.standalone) {
-      const bool nnodes_given = opts["nnodes"]->count() > (slurm_nnodes ? 1U : 0U);
-      apply_slurm_endpoint(c, slurm, nnodes_given, opts["master_addr"]->count() > 0);
-    }
+    if (slurm.active) result.notice = apply_slurm(c, slurm, opts);
     (void)c.endpoint();  // reject a malformed endpoint now, not at rendezvous time
-    if (slurm.active) {
-      std::string used;
-      for (const auto& a : slurm.args) used += " " + a;
-      if (!slurm.first_host.empty() && !c.standalone) {
-        used += " rendezvous host " + slurm.first_host;
-      }
-      result.notice = "ddprun: Slurm job " + slurm.job + ": defaults from SLURM_*:" + used +
-                      " (flags and PET_* override them)";
-    }
     result.config = std::move(c);
   } catch (const CLI::CallForHelp&) {
     result.message = app.help();

@@ -3,6 +3,7 @@
 #include "ddp/launch/slurm_env.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <sstream>
 
@@ -37,12 +38,21 @@ int integer(const std::string& name, const std::string& text, int min) {
 }
 int positive(const std::string& name, const std::string& text) { return integer(name, text, 1); }
 
+// expand_counts, with the variable named in its error.
+std::vector<int> named_counts(const std::string& name, const std::string& text) {
+  try {
+    return expand_counts(text);
+  } catch (const ConfigError& e) {
+    throw ConfigError(name + " (from Slurm): " + e.what());
+  }
+}
+
 std::size_t count_items(const std::string& list) {
   return static_cast<std::size_t>(std::count(list.begin(), list.end(), ',')) + 1;
 }
 
-// Workers per node: the GPUs Slurm gave this task, or in a one-node batch script its
-// --ntasks-per-node. Empty when Slurm says nothing about it.
+// Workers per node: the GPUs Slurm gave this task, or in a one-node batch script its tasks
+// per node. Empty when Slurm says nothing about it.
 std::optional<int> workers_per_node(const Env& env, bool in_step) {
   if (find(env, {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"})) {
     // --gpus-per-task narrows CUDA_VISIBLE_DEVICES but leaves SLURM_GPUS_ON_NODE at the
@@ -50,20 +60,36 @@ std::optional<int> workers_per_node(const Env& env, bool in_step) {
     if (const auto* cvd = find(env, {"CUDA_VISIBLE_DEVICES"})) {
       return static_cast<int>(count_items(*cvd));
     }
-    if (const auto* g = find(env, {"SLURM_GPUS_ON_NODE"}))
-      return positive("SLURM_GPUS_ON_NODE", *g);
+    if (const auto* g = find(env, {"SLURM_GPUS_ON_NODE"})) {
+      int n = integer("SLURM_GPUS_ON_NODE", *g, 0);
+      if (n > 0) return n;
+    }
   }
   if (!in_step) {
     if (const auto* t = find(env, {"SLURM_NTASKS_PER_NODE"})) {
       return positive("SLURM_NTASKS_PER_NODE", *t);
     }
+    if (const auto* t = find(env, {"SLURM_TASKS_PER_NODE"})) {  // --ntasks without per-node
+      return named_counts("SLURM_TASKS_PER_NODE", *t).front();
+    }
   }
   return std::nullopt;
 }
 
+// Runs one derivation; a malformed SLURM_* value becomes a problem for `flag`, raised only if
+// the command line does not give that flag.
+template <typename F>
+void derive(SlurmDefaults& d, const std::string& flag, F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    d.problems[flag] = e.what();
+  }
+}
+
 }  // namespace
 
-SlurmDefaults slurm_defaults(const Env& env, bool standalone) {
+SlurmDefaults slurm_defaults(const Env& env) {
   SlurmDefaults d;
   const std::string* job = find(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
   if (!job) return d;
@@ -72,10 +98,11 @@ SlurmDefaults slurm_defaults(const Env& env, bool standalone) {
   d.in_step = step != nullptr;
   d.job = *job + (step ? "." + *step : "");
 
-  if (auto n = workers_per_node(env, d.in_step)) {
-    d.args.push_back("--nproc-per-node=" + std::to_string(*n));
-  }
-  if (standalone) return d;  // one node on its own: nothing else to derive
+  derive(d, "--nproc-per-node", [&] {
+    if (auto n = workers_per_node(env, d.in_step)) {
+      d.args.push_back("--nproc-per-node=" + std::to_string(*n));
+    }
+  });
 
   std::string list_name;
   const std::string* list =
@@ -96,10 +123,13 @@ SlurmDefaults slurm_defaults(const Env& env, bool standalone) {
   }
 
   if (d.in_step) {
-    std::string nodes_name;
-    const auto* nodes =
-        find(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, &nodes_name);
-    if (nodes) d.args.push_back("--nnodes=" + std::to_string(positive(nodes_name, *nodes)));
+    derive(d, "--nnodes", [&] {
+      std::string name;
+      if (const auto* n =
+              find(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, &name)) {
+        d.args.push_back("--nnodes=" + std::to_string(positive(name, *n)));
+      }
+    });
     // The node rank: this node's place in the step's node list (right even when the step runs
     // on part of the job's nodes), else SLURM_NODEID.
     int rank = -1;
@@ -107,44 +137,48 @@ SlurmDefaults slurm_defaults(const Env& env, bool standalone) {
       auto it = std::find(hosts.begin(), hosts.end(), *me);
       if (it != hosts.end()) rank = static_cast<int>(it - hosts.begin());
     }
-    if (rank < 0) {
-      if (const auto* id = find(env, {"SLURM_NODEID"})) {
+    derive(d, "--node-rank", [&] {
+      if (const auto* id = find(env, {"SLURM_NODEID"}); id && rank < 0) {
         rank = integer("SLURM_NODEID", *id, 0);
       }
-    }
-    if (rank >= 0) d.args.push_back("--node-rank=" + std::to_string(rank));
+      if (rank >= 0) d.args.push_back("--node-rank=" + std::to_string(rank));
+    });
     // One agent per node: several ddprun tasks on a node would each start the node's workers.
     // SLURM_GTIDS lists this node's tasks; else SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at this
     // node's place in the step.
-    std::size_t tasks = 1;
-    std::string why;
-    if (const auto* gtids = find(env, {"SLURM_GTIDS"})) {
-      tasks = count_items(*gtids);
-      why = "SLURM_GTIDS=" + *gtids;
-    } else if (const auto* per = find(env, {"SLURM_STEP_TASKS_PER_NODE"}); per && rank >= 0) {
-      auto counts = expand_counts(*per);
-      if (static_cast<std::size_t>(rank) < counts.size()) {
-        tasks = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
+    derive(d, "--nnodes", [&] {
+      std::size_t tasks = 1;
+      std::string why;
+      if (const auto* gtids = find(env, {"SLURM_GTIDS"})) {
+        tasks = count_items(*gtids);
+        why = "SLURM_GTIDS=" + *gtids;
+      } else if (const auto* per = find(env, {"SLURM_STEP_TASKS_PER_NODE"}); per && rank >= 0) {
+        auto counts = named_counts("SLURM_STEP_TASKS_PER_NODE", *per);
+        if (static_cast<std::size_t>(rank) < counts.size()) {
+          tasks = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
+        }
+        why = "SLURM_STEP_TASKS_PER_NODE=" + *per;
       }
-      why = "SLURM_STEP_TASKS_PER_NODE=" + *per;
-    }
-    if (tasks > 1) {
-      d.layout_problem = "srun started " + std::to_string(tasks) + " ddprun tasks on this node (" +
-                         why +
-                         "), but ddprun is one agent per node that starts the node's workers "
-                         "itself: run it as `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES "
-                         "ddprun ...` (or give --nnodes to override)";
-    }
+      if (tasks > 1) {
+        d.layout_problem = "srun started " + std::to_string(tasks) +
+                           " ddprun tasks on this node (" + why +
+                           "), but ddprun is one agent per node that starts the node's "
+                           "workers itself: run it as `srun --ntasks-per-node=1 "
+                           "--ntasks=$SLURM_NNODES ddprun ...` (or give --nnodes to override)";
+      }
+    });
   } else {
-    const auto* nodes = find(env, {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
-    int n = nodes ? positive("SLURM_NNODES", *nodes) : 1;
-    if (n > 1) {
-      d.layout_problem =
-          "ddprun runs in the batch script of a " + std::to_string(n) +
-          "-node job, which runs on its first node only: start one ddprun per node with "
-          "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES ddprun ...` (or give --nnodes to "
-          "override)";
-    }
+    derive(d, "--nnodes", [&] {
+      const auto* nodes = find(env, {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
+      int n = nodes ? positive("SLURM_NNODES", *nodes) : 1;
+      if (n > 1) {
+        d.layout_problem =
+            "ddprun runs in the batch script of a " + std::to_string(n) +
+            "-node job, which runs on its first node only: start one ddprun per node with "
+            "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES ddprun ...` (or give --nnodes to "
+            "override)";
+      }
+    });
   }
   d.args.push_back("--rdzv-id=" + d.job);
   return d;

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 
 namespace ddp::launch {
 namespace {
@@ -32,11 +33,13 @@ bool is_native_executable(const std::string& path) {
 
 std::string find_on_path(const std::string& name, const std::string& path_var) {
   if (name.empty() || name.find('/') != std::string::npos) return "";
+  // exec's search path when PATH is unset or empty.
+  const std::string dirs = path_var.empty() ? std::string("/bin:/usr/bin") : path_var;
   std::size_t start = 0;
-  while (start <= path_var.size()) {
-    auto end = path_var.find(':', start);
-    if (end == std::string::npos) end = path_var.size();
-    std::string dir = path_var.substr(start, end - start);
+  while (start <= dirs.size()) {
+    auto end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string dir = dirs.substr(start, end - start);
     std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
     if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) {
       return candidate;

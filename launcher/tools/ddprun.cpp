@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   // as exec finds it.
   if (!config.no_python && !config.module && !config.run_path) {
     std::string program = config.entrypoint;
-    if (!std::filesystem::exists(program)) {
+    std::error_code ec;
+    if (!std::filesystem::exists(program, ec)) {
       auto path = env.find("PATH");
       program = ddp::launch::find_on_path(program, path == env.end() ? "" : path->second);
     }

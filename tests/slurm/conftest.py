@@ -96,6 +96,14 @@ class Cluster:
     def scancel(self, jid, *opts):
         subprocess.run(["scancel", *opts, jid], env=self.env, check=True, timeout=30)
 
+    def cancel_quietly(self, jid):
+        """For finally: blocks, so a failed test never leaves a job holding the nodes."""
+        if self.running(jid):
+            subprocess.run(["scancel", jid], env=self.env, timeout=30)
+            deadline = time.monotonic() + 30
+            while self.running(jid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
@@ -116,6 +124,24 @@ def cluster(tmp_path_factory):
         yield Cluster(str(workdir))
     finally:
         subprocess.run([INFRA, "down"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def wait_gone(marker, timeout=10):
+    """The live processes left with marker in their command line after up to timeout seconds
+    (PID 1 may reap late; zombies count as gone)."""
+    deadline = time.monotonic() + timeout
+    while worker_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return worker_pids(marker)
+
+
+def by_program(marker):
+    """{program name: count} of the live processes whose command line contains marker."""
+    counts = {}
+    for _, cmd in worker_pids(marker):
+        name = os.path.basename(cmd.split(" ", 1)[0])
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def worker_pids(marker):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, worker_pids
+from conftest import ROOT, by_program, wait_gone, worker_pids
 
 SLURM_DIR = os.path.join(ROOT, "slurm")
 TOY = os.path.join(SLURM_DIR, "examples/ddp_toy.py")
@@ -83,27 +83,55 @@ def test_scancel_stops_every_worker_after_the_snapshot(cluster, tmp_path):
     jid = cluster.sbatch(os.path.join(SLURM_DIR, "ddp-train-multinode-cpu.sbatch"),
                          "--batch-size", "8", "--log-every", "50", "--no-eval",
                          env={"SNAPSHOT": snap, "EPOCHS": "50", "SAVE_EVERY": "0"})
-    cluster.wait_for_line(jid, r"epoch 1/50 step \d+/")
-    assert len(worker_pids(snap)) >= 4  # 2 agents + 4 workers carry the path in argv
+    try:
+        cluster.wait_for_line(jid, r"epoch 1/50 step \d+/")
+        procs = by_program(snap)
+        assert procs.get("ddprun") == 2 and procs.get("ddp-train") == 4, procs
 
-    # SIGUSR1 (what #SBATCH --signal=USR1@60 sends): a snapshot, and the job goes on.
-    cluster.scancel(jid, "--signal=USR1")
-    cluster.wait_for_line(jid, r"snapshot \S+ written \(SIGUSR1\)")
-    time.sleep(1)
-    assert cluster.running(jid), cluster.log(jid)
-    os.unlink(snap)
+        # SIGUSR1 (what #SBATCH --signal=USR1@60 sends): a snapshot, and the job goes on.
+        cluster.scancel(jid, "--signal=USR1")
+        cluster.wait_for_line(jid, r"snapshot \S+ written \(SIGUSR1\)")
+        time.sleep(1)
+        assert cluster.running(jid), cluster.log(jid)
+        os.unlink(snap)
 
-    cluster.scancel(jid)  # SIGTERM to every process of the step, SIGKILL after KillWait=5 s
-    state, _, log = cluster.wait(jid, timeout=60)
+        cluster.scancel(jid)  # SIGTERM to every process of the step, SIGKILL after KillWait=5 s
+        state, _, log = cluster.wait(jid, timeout=60)
+    finally:
+        cluster.cancel_quietly(jid)
     print(log)
     assert state == "CANCELLED", log
+    assert log.count("passing it on to the workers") == 2, log  # each agent, once
+    assert "restarting the workers" not in log, log  # SIGUSR1 killed nobody
     assert re.search(r"snapshot \S+ written \(stop signal\)", log), log
     assert os.path.exists(snap), log
     assert "received signal 15 (Terminated), forwarding it to the workers" in log, log
-    deadline = time.monotonic() + 10  # PID 1 may reap late; give stragglers a moment
-    while worker_pids(snap) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert worker_pids(snap) == [], log
+    assert wait_gone(snap) == [], log
+
+
+def test_one_node_script_passes_the_batch_signal_on(cluster, tmp_path):
+    """--signal=B:USR1@60 reaches only the batch shell, which the one-node scripts replace with
+    ddprun (exec): the workers get SIGUSR1 only through ddprun."""
+    snap = str(tmp_path / "one-node.snapshot")
+    jid = cluster.sbatch(os.path.join(SLURM_DIR, "ddp-train-1node-cpu.sbatch"),
+                         "--batch-size", "8", "--log-every", "50", "--no-eval",
+                         env={"SNAPSHOT": snap, "EPOCHS": "50", "SAVE_EVERY": "0"})
+    try:
+        cluster.wait_for_line(jid, r"epoch 1/50 step \d+/")
+        assert by_program(snap) == {"ddprun": 1, "ddp-train": 4}
+        cluster.scancel(jid, "--batch", "--signal=USR1")
+        cluster.wait_for_line(jid, r"snapshot \S+ written \(SIGUSR1\)")
+        time.sleep(1)
+        assert cluster.running(jid), cluster.log(jid)
+        cluster.scancel(jid)
+        state, _, log = cluster.wait(jid, timeout=60)
+    finally:
+        cluster.cancel_quietly(jid)
+    assert state == "CANCELLED", log
+    assert log.count("passing it on to the workers") == 1, log
+    assert "restarting the workers" not in log, log
+    assert re.search(r"snapshot \S+ written \(stop signal\)", log), log
+    assert wait_gone(snap) == [], log
 
 
 def test_a_killed_agent_leaves_the_elastic_job_running_on_the_survivor(cluster, tmp_path):
@@ -117,12 +145,14 @@ srun --kill-on-bad-exit=0 bash -c 'echo $$ > {tmp_path}/agent-$SLURMD_NODENAME.p
 echo "srun exit $?"
 """)
     jid = cluster.sbatch(str(job))
-    cluster.wait_for_line(jid, r"epoch 1/1 step [1-9]\d\d/1000")
-    agent = int((tmp_path / "agent-dn2.pid").read_text())
-    assert "ddprun" in open(f"/proc/{agent}/cmdline").read()
-    os.kill(agent, signal.SIGKILL)  # dn2's agent dies; dn1 hosts the store and goes on
-
-    state, _, log = cluster.wait(jid)
+    try:
+        cluster.wait_for_line(jid, r"epoch 1/1 step [1-9]\d\d/1000")
+        agent = int((tmp_path / "agent-dn2.pid").read_text())
+        assert "ddprun" in open(f"/proc/{agent}/cmdline").read()
+        os.kill(agent, signal.SIGKILL)  # dn2's agent dies; dn1 hosts the store and goes on
+        state, _, log = cluster.wait(jid)
+    finally:
+        cluster.cancel_quietly(jid)
     print(log)
     after = log[log.index("world size 2"):]
     assert re.search(r"restarting the workers|re-forming the job", after), log
@@ -131,4 +161,4 @@ echo "srun exit $?"
     # dn2's task was killed; dn1's agent finished its job normally.
     assert re.search(r"dn2: task 1: Killed", log), log
     assert "dn1: task 0" not in log, log
-    assert worker_pids(snap) == [], log
+    assert wait_gone(snap) == [], log

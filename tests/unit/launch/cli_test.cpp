@@ -159,6 +159,14 @@ TEST_CASE("PET_* environment supplies defaults and the command line wins", "[uni
   CHECK_THAT(bad({"x"}, {{"PET_MAX_RESTARTS", "lots"}}), Catch::Contains("max-restarts"));
 }
 
+TEST_CASE("an empty PET_* value is an empty value, not the next argument", "[unit][launch]") {
+  auto c = ok({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h", "train.py"},
+              {{"PET_RDZV_CONF", ""}});
+  CHECK(c.max_nodes == 2);
+  CHECK(c.rdzv_conf.empty());
+  CHECK(c.entrypoint == "train.py");
+}
+
 TEST_CASE("standalone picks c10d on a free local port with a fresh run id", "[unit][launch]") {
   auto a = ok({"--standalone", "--rdzv-endpoint=elsewhere:1", "x"});
   auto b = ok({"--standalone", "x"});

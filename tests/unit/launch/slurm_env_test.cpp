@@ -59,7 +59,7 @@ std::string bad(std::vector<std::string> args, const Env& env) {
 }  // namespace
 
 TEST_CASE("outside Slurm nothing is derived", "[unit][slurm]") {
-  auto d = slurm_defaults({{"PATH", "/bin"}}, false);
+  auto d = slurm_defaults({{"PATH", "/bin"}});
   CHECK_FALSE(d.active);
   CHECK(d.args.empty());
   auto r = parse({"train.py"}, {});
@@ -67,7 +67,7 @@ TEST_CASE("outside Slurm nothing is derived", "[unit][slurm]") {
 }
 
 TEST_CASE("an srun task: nnodes, node rank, run id and endpoint from Slurm", "[unit][slurm]") {
-  auto d = slurm_defaults(step_on_n2(), false);
+  auto d = slurm_defaults(step_on_n2());
   CHECK(d.active);
   CHECK(d.in_step);
   CHECK(d.first_host == "n1");
@@ -96,11 +96,11 @@ TEST_CASE("the node rank is this node's place in the step's node list", "[unit][
   auto env = step_on_n2();
   env["SLURM_STEP_NODELIST"] = "n[2-3]";  // the step runs on part of the job's nodes
   env["SLURM_JOB_NODELIST"] = "n[1-3]";
-  auto d = slurm_defaults(env, false);
+  auto d = slurm_defaults(env);
   CHECK(d.first_host == "n2");
   CHECK(d.args[1] == "--node-rank=0");
   env.erase("SLURMD_NODENAME");  // then SLURM_NODEID
-  CHECK(slurm_defaults(env, false).args[1] == "--node-rank=1");
+  CHECK(slurm_defaults(env).args[1] == "--node-rank=1");
 }
 
 TEST_CASE("flags and PET_* win over Slurm's values", "[unit][slurm]") {
@@ -132,6 +132,10 @@ TEST_CASE("workers per node: the task's GPUs, or a one-node batch's tasks", "[un
 
   auto b = ok({"train.py"}, batch_one_node());
   CHECK(b.nproc_per_node == "4");
+  auto ntasks = batch_one_node();  // sbatch --ntasks=3 (no --ntasks-per-node)
+  ntasks.erase("SLURM_NTASKS_PER_NODE");
+  ntasks["SLURM_TASKS_PER_NODE"] = "3";
+  CHECK(ok({"train.py"}, ntasks).nproc_per_node == "3");
   CHECK(b.max_nodes == 1);
   CHECK(b.rdzv_id == "7");
   CHECK(b.master_addr == "127.0.0.1");  // one node, static: stays local
@@ -141,6 +145,18 @@ TEST_CASE("workers per node: the task's GPUs, or a one-node batch's tasks", "[un
   CHECK(sa.nproc_per_node == "4");
   CHECK(sa.rdzv_endpoint == "localhost:0");
   CHECK(sa.rdzv_id != "7");
+  // ... wherever it is on the command line, and in an srun task of a 2-node step too.
+  auto env = step_on_n2();
+  env["SLURM_GPUS_ON_NODE"] = "4";
+  auto st = parse({"--nproc-per-node", "4", "--standalone", "train.py"}, env);
+  REQUIRE(st.config);
+  CHECK(st.config->max_nodes == 1);
+  CHECK(st.config->node_rank == 0);
+  CHECK(st.notice.find("--nnodes") == std::string::npos);
+  CHECK(st.notice.find("--rdzv-id") == std::string::npos);
+  auto pet = env;
+  pet["PET_STANDALONE"] = "1";
+  CHECK(ok({"train.py"}, pet).max_nodes == 1);
 }
 
 TEST_CASE("a multi-node job never silently becomes a world of one", "[unit][slurm]") {
@@ -179,15 +195,54 @@ TEST_CASE("several ddprun tasks on a node, or a multi-node batch script, are ref
   batch["SLURM_NNODES"] = "2";
   batch["SLURM_JOB_NODELIST"] = "gpu-[07-08]";
   CHECK(bad({"train.py"}, batch).find("batch script of a 2-node job") != std::string::npos);
+  // --standalone does not hide it: the job would run on its first node only.
+  CHECK(bad({"--standalone", "train.py"}, batch).find("batch script") != std::string::npos);
+  CHECK(ok({"--standalone", "--nnodes=1", "train.py"}, batch).max_nodes == 1);
 }
 
-TEST_CASE("malformed SLURM_* values are named", "[unit][slurm]") {
+TEST_CASE("malformed SLURM_* values are named, and a flag that makes them moot wins",
+          "[unit][slurm]") {
   auto env = step_on_n2();
   env["SLURM_STEP_NUM_NODES"] = "two";
-  CHECK(bad({"train.py"}, env).find("SLURM_STEP_NUM_NODES='two'") != std::string::npos);
+  auto msg = bad({"train.py"}, env);
+  CHECK(msg.find("SLURM_STEP_NUM_NODES='two'") != std::string::npos);
+  CHECK(msg.find("give --nnodes") != std::string::npos);
+  CHECK(ok({"--nnodes=2", "train.py"}, env).max_nodes == 2);
+  CHECK(ok({"train.py"},
+           [&] {
+             auto e = env;
+             e["PET_NNODES"] = "2";
+             return e;
+           }())
+            .max_nodes == 2);
+
   env = step_on_n2();
-  env["SLURM_GPUS_ON_NODE"] = "0";
-  CHECK(bad({"train.py"}, env).find("SLURM_GPUS_ON_NODE") != std::string::npos);
+  env.erase("SLURM_GTIDS");
+  env["SLURM_STEP_TASKS_PER_NODE"] = "1(x";
+  CHECK(bad({"train.py"}, env).find("SLURM_STEP_TASKS_PER_NODE (from Slurm)") != std::string::npos);
+
+  env = step_on_n2();
+  env["SLURM_GPUS_ON_NODE"] = "x";
+  CHECK(bad({"train.py"}, env).find("SLURM_GPUS_ON_NODE='x'") != std::string::npos);
+  CHECK(ok({"--nproc-per-node=2", "train.py"}, env).nproc_per_node == "2");
+  env["SLURM_GPUS_ON_NODE"] = "0";  // no GPUs: no default from it
+  CHECK(ok({"train.py"}, env).nproc_per_node == "1");
+  CHECK(parse({"--help"}, env).exit_code == 0);
+}
+
+TEST_CASE("the notice names only the Slurm values that stayed in effect", "[unit][slurm]") {
+  auto r = parse({"--rdzv-backend=c10d", "--rdzv-id=mine", "train.py"}, step_on_n2());
+  CHECK(r.notice.find("--nnodes=2") != std::string::npos);
+  CHECK(r.notice.find("rendezvous host n1") != std::string::npos);
+  CHECK(r.notice.find("--rdzv-id") == std::string::npos);
+  auto given = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "train.py"}, step_on_n2());
+  CHECK(given.notice.find("rendezvous host") == std::string::npos);
+}
+
+TEST_CASE("a Slurm node rank beyond a given --nnodes is explained", "[unit][slurm]") {
+  auto msg = bad({"--nnodes=1", "train.py"}, step_on_n2());
+  CHECK(msg.find("node 1 of the Slurm step") != std::string::npos);
+  CHECK(ok({"--nnodes=1", "--node-rank=0", "train.py"}, step_on_n2()).node_rank == 0);
 }
 
 TEST_CASE("KillWait from slurm.conf", "[unit][slurm]") {

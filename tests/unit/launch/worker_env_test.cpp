@@ -60,7 +60,8 @@ TEST_CASE("a bare program name is found on PATH as exec finds it", "[unit][launc
   CHECK(find_on_path("no-such-program-ddp", "/bin:/usr/bin").empty());
   CHECK(find_on_path("./sh", "/bin").empty());  // a path is not looked up
   CHECK(find_on_path("bin", "/").empty());      // a folder is not a program
-  CHECK(find_on_path("sh", "").empty());
+  CHECK(find_on_path("sh", "") == "/bin/sh");   // exec's default path
+  CHECK(find_on_path("no-such-program-ddp", "").empty());
 }
 
 TEST_CASE("the environment torchrun 2.x exports, on top of the agent's", "[unit][launch]") {

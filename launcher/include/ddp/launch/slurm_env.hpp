@@ -26,11 +26,13 @@ struct SlurmDefaults {
   // Set when the Slurm-derived node count cannot be right (several ddprun tasks on one node,
   // or a multi-node job's batch script running ddprun once); an error unless --nnodes is given.
   std::string layout_problem;
+  // A malformed SLURM_* value, by the flag it would have supplied ("--nnodes" -> message naming
+  // the variable): an error only when the command line does not give that flag.
+  std::map<std::string, std::string> problems;
 };
 
-// `standalone`: --standalone was asked for; then only the worker count is taken from Slurm.
-// Throws ConfigError when a SLURM_* value ddprun needs is malformed, naming it.
-SlurmDefaults slurm_defaults(const std::map<std::string, std::string>& env, bool standalone);
+// Never throws: what cannot be derived is in endpoint_problem, layout_problem and problems.
+SlurmDefaults slurm_defaults(const std::map<std::string, std::string>& env);
 
 // KillWait from slurm.conf's text (case-insensitive key; comments skipped); nullopt if absent.
 std::optional<int> parse_kill_wait(std::string_view slurm_conf);

@@ -34,7 +34,8 @@ struct GroupInfo {
 // --no-python: python could not run it. Torchrun would hand it to python and fail.
 bool is_native_executable(const std::string& path);
 // A bare command name ("ddp-train") as exec would find it: the first executable file of that
-// name in PATH's folders; "" when none (or when the name has a '/').
+// name in PATH's folders (/bin:/usr/bin when PATH is empty); "" when none (or when the name
+// has a '/').
 std::string find_on_path(const std::string& name, const std::string& path_var);
 
 // The worker's argv. PYTHON_EXEC in `agent_env` replaces the python executable.
