@@ -146,15 +146,15 @@ TEST_CASE("workers per node: the task's GPUs, or a one-node batch's tasks", "[un
   CHECK(sa.rdzv_endpoint == "localhost:0");
   CHECK(sa.rdzv_id != "7");
   // ... wherever it is on the command line, and in an srun task of a 2-node step too.
-  auto env = step_on_n2();
-  env["SLURM_GPUS_ON_NODE"] = "4";
-  auto st = parse({"--nproc-per-node", "4", "--standalone", "train.py"}, env);
+  auto step = step_on_n2();
+  step["SLURM_GPUS_ON_NODE"] = "4";
+  auto st = parse({"--nproc-per-node", "4", "--standalone", "train.py"}, step);
   REQUIRE(st.config);
   CHECK(st.config->max_nodes == 1);
   CHECK(st.config->node_rank == 0);
   CHECK(st.notice.find("--nnodes") == std::string::npos);
   CHECK(st.notice.find("--rdzv-id") == std::string::npos);
-  auto pet = env;
+  auto pet = step;
   pet["PET_STANDALONE"] = "1";
   CHECK(ok({"train.py"}, pet).max_nodes == 1);
 }
