@@ -103,7 +103,9 @@ def test_scancel_stops_every_worker_after_the_snapshot(cluster, tmp_path):
     assert state == "CANCELLED", log
     assert log.count("passing it on to the workers") == 2, log  # each agent, once
     assert "restarting the workers" not in log, log  # SIGUSR1 killed nobody
-    assert re.search(r"snapshot \S+ written \(stop signal\)", log), log
+    # Rank 0 saves at its next step boundary; if another rank stopped at an earlier one, rank 0
+    # finds it gone in the step's all-reduce and saves the last completed step for that reason.
+    assert re.search(r"snapshot \S+ written \((stop signal|a peer failed)\)", log), log
     assert os.path.exists(snap), log
     assert "received signal 15 (Terminated), forwarding it to the workers" in log, log
     assert wait_gone(snap) == [], log
@@ -130,7 +132,9 @@ def test_one_node_script_passes_the_batch_signal_on(cluster, tmp_path):
     assert state == "CANCELLED", log
     assert log.count("passing it on to the workers") == 1, log
     assert "restarting the workers" not in log, log
-    assert re.search(r"snapshot \S+ written \(stop signal\)", log), log
+    # Rank 0 saves at its next step boundary; if another rank stopped at an earlier one, rank 0
+    # finds it gone in the step's all-reduce and saves the last completed step for that reason.
+    assert re.search(r"snapshot \S+ written \((stop signal|a peer failed)\)", log), log
     assert wait_gone(snap) == [], log
 
 
