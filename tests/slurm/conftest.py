@@ -13,10 +13,14 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 BIN = os.environ.get("DDP_BIN_DIR", os.path.join(ROOT, "build/bin"))
-# The team's tested recipe for a local Slurm (shared/infra); found beside the clone or at /work.
+# The team's tested recipe for a local Slurm (shared/infra): beside the clone or at /work when
+# there, else the copy in tests/slurm/infra (taken from shared/infra unchanged), so a clone
+# anywhere runs these tests.
 INFRA = next((p for p in (os.environ.get("DDP_SLURM_INFRA", ""),
                           os.path.join(ROOT, "../shared/infra/local_slurm.sh"),
-                          "/work/shared/infra/local_slurm.sh") if p and os.path.exists(p)), None)
+                          "/work/shared/infra/local_slurm.sh",
+                          os.path.join(ROOT, "tests/slurm/infra/local_slurm.sh"))
+              if p and os.path.exists(p)), None)
 VENV = os.environ.get("DDP_TORCH_VENV", os.path.expanduser("~/.cache/ddprun/torch-venv"))
 CLUSTER = {
     "LOCAL_SLURM_DIR": "/tmp/ddprun-slurm-test",
