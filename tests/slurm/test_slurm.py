@@ -77,64 +77,45 @@ def test_torch_script_runs_unchanged(cluster, script, opts):
     assert "ddp_toy: done steps 5" in log
 
 
-def test_scancel_stops_every_worker_after_the_snapshot(cluster, tmp_path):
+@pytest.mark.parametrize("script,usr1,agents", [
+    # srun steps: `scancel --signal=USR1` (what --signal=USR1@60 sends) reaches every process.
+    ("ddp-train-multinode-cpu.sbatch", ["--signal=USR1"], 2),
+    # One node: --signal=B:USR1@60 reaches only the batch shell, which the script replaced with
+    # ddprun (exec), so the workers get it only through ddprun.
+    ("ddp-train-1node-cpu.sbatch", ["--batch", "--signal=USR1"], 1),
+])
+def test_usr1_saves_and_scancel_stops_every_worker_after_the_snapshot(cluster, tmp_path, script,
+                                                                       usr1, agents):
     snap = str(tmp_path / "cancelled.snapshot")
     # A long run (50 epochs); SAVE_EVERY=0, so any snapshot comes from a signal.
-    jid = cluster.sbatch(os.path.join(SLURM_DIR, "ddp-train-multinode-cpu.sbatch"),
+    jid = cluster.sbatch(os.path.join(SLURM_DIR, script),
                          "--batch-size", "8", "--log-every", "50", "--no-eval",
                          env={"SNAPSHOT": snap, "EPOCHS": "50", "SAVE_EVERY": "0"})
     try:
         cluster.wait_for_line(jid, r"epoch 1/50 step \d+/")
-        procs = by_program(snap)
-        assert procs.get("ddprun") == 2 and procs.get("ddp-train") == 4, procs
+        procs = by_program(snap)  # srun carries the path in its argv too
+        assert (procs.get("ddprun"), procs.get("ddp-train")) == (agents, 4), procs
 
-        # SIGUSR1 (what #SBATCH --signal=USR1@60 sends): a snapshot, and the job goes on.
-        cluster.scancel(jid, "--signal=USR1")
+        # SIGUSR1: a snapshot, and the job goes on.
+        cluster.scancel(jid, *usr1)
         cluster.wait_for_line(jid, r"snapshot \S+ written \(SIGUSR1\)")
         time.sleep(1)
         assert cluster.running(jid), cluster.log(jid)
         os.unlink(snap)
 
-        cluster.scancel(jid)  # SIGTERM to every process of the step, SIGKILL after KillWait=5 s
+        cluster.scancel(jid)  # SIGTERM to every process of the job, SIGKILL after KillWait=5 s
         state, _, log = cluster.wait(jid, timeout=60)
     finally:
         cluster.cancel_quietly(jid)
     print(log)
     assert state == "CANCELLED", log
-    assert log.count("passing it on to the workers") == 2, log  # each agent, once
+    assert log.count("passing it on to the workers") == agents, log  # each agent, once
     assert "restarting the workers" not in log, log  # SIGUSR1 killed nobody
+    assert "received signal 15 (Terminated), forwarding it to the workers" in log, log
     # Rank 0 saves at its next step boundary; if another rank stopped at an earlier one, rank 0
     # finds it gone in the step's all-reduce and saves the last completed step for that reason.
     assert re.search(r"snapshot \S+ written \((stop signal|a peer failed)\)", log), log
     assert os.path.exists(snap), log
-    assert "received signal 15 (Terminated), forwarding it to the workers" in log, log
-    assert wait_gone(snap) == [], log
-
-
-def test_one_node_script_passes_the_batch_signal_on(cluster, tmp_path):
-    """--signal=B:USR1@60 reaches only the batch shell, which the one-node scripts replace with
-    ddprun (exec): the workers get SIGUSR1 only through ddprun."""
-    snap = str(tmp_path / "one-node.snapshot")
-    jid = cluster.sbatch(os.path.join(SLURM_DIR, "ddp-train-1node-cpu.sbatch"),
-                         "--batch-size", "8", "--log-every", "50", "--no-eval",
-                         env={"SNAPSHOT": snap, "EPOCHS": "50", "SAVE_EVERY": "0"})
-    try:
-        cluster.wait_for_line(jid, r"epoch 1/50 step \d+/")
-        assert by_program(snap) == {"ddprun": 1, "ddp-train": 4}
-        cluster.scancel(jid, "--batch", "--signal=USR1")
-        cluster.wait_for_line(jid, r"snapshot \S+ written \(SIGUSR1\)")
-        time.sleep(1)
-        assert cluster.running(jid), cluster.log(jid)
-        cluster.scancel(jid)
-        state, _, log = cluster.wait(jid, timeout=60)
-    finally:
-        cluster.cancel_quietly(jid)
-    assert state == "CANCELLED", log
-    assert log.count("passing it on to the workers") == 1, log
-    assert "restarting the workers" not in log, log
-    # Rank 0 saves at its next step boundary; if another rank stopped at an earlier one, rank 0
-    # finds it gone in the step's all-reduce and saves the last completed step for that reason.
-    assert re.search(r"snapshot \S+ written \((stop signal|a peer failed)\)", log), log
     assert wait_gone(snap) == [], log
 
 
@@ -166,3 +147,17 @@ echo "srun exit $?"
     assert re.search(r"dn2: task 1: Killed", log), log
     assert "dn1: task 0" not in log, log
     assert wait_gone(snap) == [], log
+
+
+def test_several_agents_on_a_node_are_refused_with_the_fix(cluster, tmp_path):
+    """The common slip: #SBATCH --ntasks-per-node=2 and a plain `srun ddprun`, which starts two
+    agents a node. ddprun stops (exit 2) and names the srun options to use."""
+    job = tmp_path / "two-agents.sbatch"
+    job.write_text("#!/bin/bash\n#SBATCH --job-name=two-agents --nodes=2 --ntasks-per-node=2\n"
+                   "srun ddprun --rdzv-backend=c10d ddp-train --max-steps 1 1 0\n")
+    jid = cluster.sbatch(str(job))
+    state, code, log = cluster.wait(jid)
+    assert (state, code) == ("FAILED", "2:0"), log
+    assert log.count("2 ddprun tasks on this node") == 4, log
+    assert "srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES" in log, log
+    assert "ddp-train:" not in log, log  # no worker started
