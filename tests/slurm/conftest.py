@@ -57,13 +57,13 @@ class Cluster:
         out = subprocess.run(["sbatch", "--parsable", f"--chdir={self.workdir}",
                               f"--output={self.workdir}/%x-%j.out", *sbatch_opts, script, *args],
                              env=e, cwd=self.workdir, capture_output=True, text=True,
-                             timeout=30)
+                             timeout=120)
         assert out.returncode == 0, f"sbatch {script} failed: {out.stderr}"
         return out.stdout.strip().split(";")[0]
 
     def state(self, jid):
         out = subprocess.run(["scontrol", "show", "job", jid], env=self.env,
-                             capture_output=True, text=True, timeout=30).stdout
+                             capture_output=True, text=True, timeout=120).stdout
         st = re.search(r"JobState=(\S+)", out)
         ec = re.search(r"ExitCode=(\S+)", out)
         name = re.search(r"JobName=(\S+)", out)
@@ -78,7 +78,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while self.running(jid):
             if time.monotonic() > deadline:
-                subprocess.run(["scancel", jid], env=self.env, timeout=30)
+                subprocess.run(["scancel", jid], env=self.env, timeout=120)
                 pytest.fail(f"job {jid} still running after {timeout} s:\n{self.log(jid)}")
             time.sleep(0.2)
         st, ec, _ = self.state(jid)
@@ -93,17 +93,17 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while not re.search(pattern, self.log(jid)):
             if not self.running(jid) or time.monotonic() > deadline:
-                subprocess.run(["scancel", jid], env=self.env, timeout=30)
+                subprocess.run(["scancel", jid], env=self.env, timeout=120)
                 pytest.fail(f"job {jid}: no line matching {pattern!r}:\n{self.log(jid)}")
             time.sleep(0.1)
 
     def scancel(self, jid, *opts):
-        subprocess.run(["scancel", *opts, jid], env=self.env, check=True, timeout=30)
+        subprocess.run(["scancel", *opts, jid], env=self.env, check=True, timeout=120)
 
     def cancel_quietly(self, jid):
         """For finally: blocks, so a failed test never leaves a job holding the nodes."""
         if self.running(jid):
-            subprocess.run(["scancel", jid], env=self.env, timeout=30)
+            subprocess.run(["scancel", jid], env=self.env, timeout=120)
             deadline = time.monotonic() + 30
             while self.running(jid) and time.monotonic() < deadline:
                 time.sleep(0.2)

@@ -13,6 +13,7 @@
 #include <optional>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 #include "data.hpp"
 #include "ddp/kernels/cpu_ref.hpp"
@@ -89,6 +90,7 @@ class Run {
   void save(const Position& at, const char* why);
   double evaluate(nlohmann::json& metrics);
   void progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double loss, bool end);
+  bool being_stopped() const;
 
   const TrainOptions& o_;
   const TrainContext& c_;
@@ -191,6 +193,19 @@ void Run::save(const Position& at, const char* why) {
   out() << "ddp-train: snapshot " << o_.snapshot << " written (" << why << "): epoch " << at.epoch
         << " step " << at.step << " global step " << at.global_step << "\n"
         << std::flush;
+}
+
+// After a peer vanished mid-step: whether this rank is being stopped too. scancel signals the
+// nodes one after another, so a peer may stop at a step boundary before our own signal has
+// arrived; it is given a second to arrive before the peer's exit counts as a failure.
+bool Run::being_stopped() const {
+  if (c_.stop_signal == nullptr) return false;
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  while (c_.stop_signal->load() == 0) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 void Run::progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double loss, bool end) {
@@ -329,6 +344,14 @@ int Run::go() {
       } catch (const IoError&) {
         // A peer failed mid-step: the parameters are still those of `pos`, which every rank
         // reached; keep them so the restarted job loses no finished step.
+        if (being_stopped()) {
+          // We are being stopped too (scancel signals every rank): the peer stopped one step
+          // boundary earlier. Not a failure: the same snapshot, and the stop's exit code.
+          save(pos, "stop signal");
+          exit_code = 128 + c_.stop_signal->load();
+          stop_early = true;
+          break;
+        }
         save(pos, "a peer failed");
         throw;
       }
