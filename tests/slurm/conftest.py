@@ -97,6 +97,9 @@ class Cluster:
                 pytest.fail(f"job {jid}: no line matching {pattern!r}:\n{self.log(jid)}")
             time.sleep(0.1)
 
+    def scontrol(self, *args):
+        subprocess.run(["scontrol", *args], env=self.env, check=True, timeout=120)
+
     def scancel(self, jid, *opts):
         subprocess.run(["scancel", *opts, jid], env=self.env, check=True, timeout=120)
 

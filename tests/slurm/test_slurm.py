@@ -121,6 +121,39 @@ def test_usr1_saves_and_scancel_stops_every_worker_after_the_snapshot(cluster, t
     assert wait_gone(snap) == [], log
 
 
+def test_a_requeued_job_resumes_from_its_snapshot(cluster):
+    """scontrol requeue (what preemption and node failure do): SIGTERM, the snapshot, and the job
+    runs again under the same id, so the script's default SNAPSHOT (per job id) is found and
+    training goes on from the step it stopped at."""
+    jid = cluster.sbatch(os.path.join(SLURM_DIR, "ddp-train-multinode-cpu.sbatch"),
+                         "--batch-size", "8", "--train-subset", "40000", "--log-every", "200",
+                         "--no-eval", env={"EPOCHS": "1", "SAVE_EVERY": "0"})
+    snap = os.path.join(cluster.workdir, f"ddp-train-multinode-cpu-{jid}.snapshot")
+    try:
+        cluster.wait_for_line(jid, r"epoch 1/1 step [1-9]\d*/1250")
+        cluster.scontrol("requeue", jid)
+        # A requeued job waits 120 s (its begin time): release it once it is pending again (the
+        # requeue sets the begin time on its way there, so until it runs).
+        deadline = time.monotonic() + 60
+        while cluster.state(jid)[0] == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)  # the requeue stops it first
+        while cluster.state(jid)[0] != "RUNNING" and time.monotonic() < deadline:
+            if cluster.state(jid)[0] == "PENDING":
+                cluster.scontrol("update", f"JobId={jid}", "StartTime=now")
+            time.sleep(1)
+        state, code, log = cluster.wait(jid)
+    finally:
+        cluster.cancel_quietly(jid)
+    print(log)
+    assert (state, code) == ("COMPLETED", "0:0"), log
+    resumed = re.search(r"resuming from snapshot (\S+): epoch 0 step (\d+)", log)
+    assert resumed and resumed.group(1) == snap, log
+    done = int(resumed.group(2))
+    assert 0 < done < 1250, log
+    assert f"ddp-train: {1250 - done} steps in" in log, log  # only what was left
+    assert re.search(r"written \(end of run\): epoch 1 step 0 global step 1250", log), log
+
+
 def test_a_killed_agent_leaves_the_elastic_job_running_on_the_survivor(cluster, tmp_path):
     snap = str(tmp_path / "elastic.snapshot")
     job = tmp_path / "elastic.sbatch"
