@@ -6,7 +6,7 @@
 #      optimizer and epochs, 1 rank each (one GPU), samples/s and step time (target: ours at or
 #      below torch's step time), alternated REPS times;
 #   3. the gradient buffer's (940 KB) NCCL all-reduce latency on one GPU, through torch.
-# Not yet run: no GPU was lent to the session that wrote it (docs/kernels.md).
+# Run on an H100 on 2026-11-25: figures in docs/perf.md ("GPU path").
 # Reproduce (after `cmake -B build-cuda -DDDP_WITH_CUDA=ON && ninja -C build-cuda ddprun
 # ddp-train kernel_bench`): BUILD_DIR=build-cuda bash bench/run_gpu_bench.sh
 # Environment: BUILD_DIR [build-cuda]  DDP_TORCH2_PYTHON [~/.cache/ddprun/torch-venv/bin/python]
