@@ -11,6 +11,16 @@ using proto::Op;
 
 namespace {
 constexpr std::int64_t kMaxLeaseTtlMs = 30LL * 24 * 3600 * 1000;
+
+// A reply of `size` bytes must fit the room the connection has left.
+bool reply_fits(DispatchContext& ctx, proto::Op op, std::size_t size) {
+  if (size <= ctx.max_reply) return true;
+  ctx.error = "the reply to " + std::string(proto::op_name(op)) + " would be " +
+              std::to_string(size) + " bytes, over the " + std::to_string(ctx.max_reply) +
+              " left in this connection's memory budget (ddprund --max-connection-bytes)";
+  ctx.over_budget = true;
+  return false;
+}
 }  // namespace
 
 Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
@@ -59,13 +69,20 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
         reply().value<std::int64_t>(t.erase(req.keys[0]) ? 1 : 0);
         return Outcome::replied;
       case Op::append: t.append(req.keys[0], req.values[0], ctx.woken); return Outcome::replied;
-      case Op::multi_get:
+      case Op::multi_get: {
+        std::size_t size = 1;
+        for (auto k : req.keys) {
+          const std::string* v = t.get(k);
+          size += 8 + (v ? v->size() : 0);
+        }
+        if (!reply_fits(ctx, req.op, size)) return Outcome::failed;
         reply();
         for (auto k : req.keys) {
           const std::string* v = t.get(k);
           w.bytes(v ? std::string_view(*v) : std::string_view());
         }
         return Outcome::replied;
+      }
       case Op::multi_set:
         for (std::size_t i = 0; i < req.keys.size(); ++i) {
           t.set(req.keys[i], req.values[i], ctx.woken);
@@ -86,6 +103,9 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
         return Outcome::replied;
       case Op::list_keys: {
         auto keys = t.list_keys();
+        std::size_t size = 9;
+        for (auto k : keys) size += 8 + k.size();
+        if (!reply_fits(ctx, req.op, size)) return Outcome::failed;
         reply().value<std::int64_t>(static_cast<std::int64_t>(keys.size()));
         for (auto k : keys) w.bytes(k);
         return Outcome::replied;

@@ -2,6 +2,7 @@
 // waiters. Pure (no sockets, no locks), so every opcode is unit-tested byte for byte.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "ddp/proto/decoder.hpp"
@@ -23,6 +24,10 @@ struct DispatchContext {
   std::string& out;
   Woken& woken;
   std::string error;
+  // Room left in the connection's memory budget: a MULTI_GET or LIST_KEYS whose reply would
+  // not fit is refused before it is built (with over_budget set).
+  std::size_t max_reply = SIZE_MAX;
+  bool over_budget = false;
 };
 
 // Not for CANCEL_WAIT, which needs the connection's wake bookkeeping (session.cpp).

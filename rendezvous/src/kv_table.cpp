@@ -257,6 +257,7 @@ void KvTable::changed(std::string_view key, Woken& woken) {
 }
 
 LeaseId KvTable::lease_grant(Millis ttl, WaiterId owner, Millis now) {
+  charge(static_cast<std::int64_t>(kLeaseOverhead), "(a new lease)");
   LeaseId id = next_lease_++;
   Lease l;
   l.ttl = ttl;
@@ -293,8 +294,11 @@ bool KvTable::set_with_lease(std::string_view key, std::string_view value, Lease
 bool KvTable::lease_will(LeaseId id, std::string_view key, std::string_view value) {
   auto it = leases_.find(id);
   if (it == leases_.end()) return false;
-  it->second.will_key = key;
-  it->second.will_value = key.empty() ? std::string_view() : value;
+  if (key.empty()) value = {};
+  auto& l = it->second;
+  charge(signed_diff(key.size() + value.size(), l.will_key.size() + l.will_value.size()), key);
+  l.will_key = key;
+  l.will_value = value;
   return true;
 }
 
@@ -347,6 +351,7 @@ void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it, Woken*
   }
   std::string key = std::move(it->second.will_key);
   std::string value = std::move(it->second.will_value);
+  bytes_ -= kLeaseOverhead + key.size() + value.size();
   leases_.erase(it);
   if (woken == nullptr || key.empty() || exists(key)) return;
   try {

@@ -1,9 +1,16 @@
 // StoreServer: binds the listener, runs one io_context per thread (connections are spread
 // round-robin across them), sweeps expired leases, and tears everything down on stop().
+// Every descriptor it opens is close-on-exec (the listener by SOCK_CLOEXEC, connections by
+// accept4), so a process that embeds it can fork and exec without leaking the port.
 #include "ddp/rdzv/server.hpp"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <fstream>
@@ -70,7 +77,30 @@ struct StoreServer::Impl {
 
   explicit Impl(ServerOptions o) : opts(std::move(o)) {
     shared.limits = opts.limits;
+    shared.max_connection_bytes = opts.max_connection_bytes;
+    shared.max_client_bytes = opts.max_client_bytes;
+    shared.max_pending_reply_bytes = opts.max_pending_reply_bytes;
+    shared.frame_timeout = opts.frame_timeout;
     shared.table.set_max_bytes(opts.max_store_bytes);
+  }
+
+  // One largest value must fit a connection, and one connection the whole budget.
+  void check_budgets() const {
+    const std::size_t one = opts.limits.max_value_bytes + opts.limits.max_key_bytes + 64 * 1024;
+    if (opts.max_connection_bytes < one) {
+      DDP_THROW(ConfigError, "--max-connection-bytes " + std::to_string(opts.max_connection_bytes) +
+                                 " cannot hold one largest value (--max-value-bytes " +
+                                 std::to_string(opts.limits.max_value_bytes) + " + key + 64 KiB" +
+                                 " = " + std::to_string(one) + ")");
+    }
+    if (opts.max_client_bytes < opts.max_connection_bytes) {
+      DDP_THROW(ConfigError, "--max-client-bytes " + std::to_string(opts.max_client_bytes) +
+                                 " is below --max-connection-bytes " +
+                                 std::to_string(opts.max_connection_bytes));
+    }
+    if (opts.max_pending_reply_bytes == 0) {
+      DDP_THROW(ConfigError, "the pending-reply cap must be > 0");
+    }
   }
 
   void bind() {
@@ -89,7 +119,12 @@ struct StoreServer::Impl {
     }
     tcp::endpoint ep = results.begin()->endpoint();
     acceptor = std::make_unique<tcp::acceptor>(io);
-    acceptor->open(ep.protocol(), ec);
+    const int lfd = ::socket(ep.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                             IPPROTO_TCP);
+    if (lfd < 0) {
+      DDP_THROW(IoError, "cannot open a listening socket: " + std::string(std::strerror(errno)));
+    }
+    acceptor->assign(ep.protocol(), lfd, ec);
     if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec && ep.address().is_v6()) acceptor->set_option(asio::ip::v6_only(false), ec);
     if (!ec) set_inherited_options(*acceptor);
@@ -105,23 +140,45 @@ struct StoreServer::Impl {
     accept_retry = std::make_unique<asio::steady_timer>(io);
   }
 
+  // Waits for the listener to be readable, then takes what is queued with accept4 so that
+  // every connection is close-on-exec from its first instant.
   void accept() {
-    auto& target = *loops[next_loop];
-    next_loop = (next_loop + 1) % loops.size();
-    acceptor->async_accept(target, [this](const boost::system::error_code& ec, tcp::socket s) {
+    acceptor->async_wait(tcp::acceptor::wait_read, [this](const boost::system::error_code& ec) {
       if (ec == asio::error::operation_aborted) return;
-      if (ec) {
+      for (int i = 0; i < 64 && !ec; ++i) {  // a burst; the rest on the next turn
+        int fd = ::accept4(acceptor->native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) {
+          adopt(fd);
+          continue;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
+            errno == ECONNABORTED) {
+          break;
+        }
         // EMFILE and friends: back off instead of spinning on a full fd table.
-        logger("rdzv").warn("accept failed: {}; retrying", ec.message());
+        logger("rdzv").warn("accept failed: {}; retrying", std::strerror(errno));
         accept_retry->expires_after(kAcceptRetry);
         accept_retry->async_wait([this](const boost::system::error_code& e) {
           if (!e) accept();
         });
         return;
       }
-      on_accept(std::move(s));
+      if (ec) logger("rdzv").warn("waiting for connections failed: {}", ec.message());
       accept();
     });
+  }
+
+  void adopt(int fd) {
+    auto& target = *loops[next_loop];
+    next_loop = (next_loop + 1) % loops.size();
+    tcp::socket s(target);
+    boost::system::error_code ec;
+    s.assign(acceptor->local_endpoint().protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      return;
+    }
+    on_accept(std::move(s));
   }
 
   void on_accept(tcp::socket s) {
@@ -178,6 +235,7 @@ StoreServer::~StoreServer() { stop(); }
 void StoreServer::start() {
   auto& m = *impl_;
   if (m.started) return;
+  m.check_budgets();
   m.bind();
   m.started = true;
   m.accept();
@@ -218,7 +276,8 @@ const std::string& StoreServer::host() const { return impl_->opts.host; }
 ServerStats StoreServer::stats() const {
   const auto& s = impl_->shared;
   return {s.connections_open.load(), s.connections_total.load(), s.connections_refused.load(),
-          s.requests.load(), s.protocol_errors.load()};
+          s.requests.load(),         s.protocol_errors.load(),   s.frame_timeouts.load(),
+          s.over_budget.load(),      s.client_bytes.load()};
 }
 
 }  // namespace ddp::rdzv

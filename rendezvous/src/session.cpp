@@ -1,5 +1,8 @@
 // Session: the per-connection read/dispatch/write loop. Replies are batched per read and sent
-// with one write; a client that stops reading is not read from until its replies drain.
+// with one write; a client that stops reading is neither parsed nor read from until its
+// replies drain (TCP back-pressure). Every byte held for the client (input buffer, replies,
+// wait registration) is counted against a per-connection and a global budget, and a started
+// request must be finished within the frame deadline.
 // Deferred WAIT/BARRIER replies: a waker bumps wakes_issued under the shared lock and posts
 // deliver_wakes(); CANCEL_WAIT sends any undelivered STOP_WAITING before WAIT_CANCELED.
 #include "session.hpp"
@@ -18,8 +21,18 @@ using proto::Op;
 namespace {
 constexpr std::size_t kInitialBuffer = 4 * 1024;  // requests are tiny; grow for big values
 constexpr std::size_t kMinReadSpace = 2 * 1024;
-constexpr std::size_t kShrinkAbove = 64 * 1024;          // give back what one big value needed
-constexpr std::size_t kMaxPendingOut = 4 * 1024 * 1024;  // stop reading until replies drain
+constexpr std::size_t kShrinkAbove = 64 * 1024;  // give back what one big value needed
+// A pending WAIT's registration per key: the key twice (the waiter's list and the key's) plus
+// two hash-map nodes.
+constexpr std::size_t kWaitEntryOverhead = 96;
+
+std::size_t room(std::size_t used, std::size_t cap) { return used >= cap ? 0 : cap - used; }
+
+// Heap bytes of a string: an empty one's inline capacity is not memory held for a client.
+std::size_t heap_bytes(const std::string& s) {
+  static const std::size_t kInline = std::string().capacity();
+  return s.capacity() > kInline ? s.capacity() : 0;
+}
 
 bool needs_table(Op op) { return op != Op::validate && op != Op::ping && op != Op::hello; }
 
@@ -46,7 +59,11 @@ void post_wakes(std::vector<std::shared_ptr<Session>>& sessions) {
 }
 
 Session::Session(asio::ip::tcp::socket socket, SharedState& shared, WaiterId id)
-    : socket_(std::move(socket)), shared_(shared), id_(id), decoder_(shared.limits) {}
+    : socket_(std::move(socket)),
+      shared_(shared),
+      id_(id),
+      decoder_(shared.limits),
+      frame_timer_(socket_.get_executor()) {}
 
 // TCP_NODELAY and keep-alive come from the listening socket: accepted sockets inherit them.
 void Session::start() { read(); }
@@ -59,30 +76,111 @@ std::string Session::peer() {
 }
 
 void Session::read() {
-  if (reading_ || closing_ || closed_) return;
-  if (in_cap_ - in_end_ < kMinReadSpace) {
-    std::size_t used = in_end_ - in_begin_;
-    std::size_t cap = std::max(in_cap_, kInitialBuffer);
-    while (cap - used < kMinReadSpace || cap < used * 2) cap *= 2;
-    if (cap == in_cap_) {
-      std::memmove(in_.get(), in_.get() + in_begin_, used);
-    } else {
-      std::unique_ptr<char[]> next(new char[cap]);
-      if (used > 0) std::memcpy(next.get(), in_.get() + in_begin_, used);
-      in_ = std::move(next);
-      in_cap_ = cap;
-    }
-    in_begin_ = 0;
-    in_end_ = used;
-  }
+  if (reading_ || closing_ || closed_ || output_full()) return;
+  if (in_cap_ - in_end_ < kMinReadSpace && !grow_input()) return;
   reading_ = true;
   socket_.async_read_some(asio::buffer(in_.get() + in_end_, in_cap_ - in_end_),
                           [self = shared_from_this()](const boost::system::error_code& ec,
                                                       std::size_t n) { self->on_read(ec, n); });
 }
 
+// Makes room for the next read: compacts, or grows by doubling while the budgets allow, else
+// by just what one more read needs. False (the connection is closing) when even that is over.
+bool Session::grow_input() {
+  const std::size_t used = in_end_ - in_begin_;
+  std::size_t cap = std::max(in_cap_, kInitialBuffer);
+  while (cap - used < kMinReadSpace || cap < used * 2) cap *= 2;
+  if (cap > in_cap_ && !reserve(cap - in_cap_)) {
+    cap = std::max(in_cap_, used + kMinReadSpace);
+    if (cap > in_cap_ && !reserve(cap - in_cap_)) {
+      over_budget("a request of more than " + std::to_string(used) + " bytes", cap - in_cap_);
+      return false;
+    }
+  }
+  if (cap == in_cap_) {
+    std::memmove(in_.get(), in_.get() + in_begin_, used);
+  } else {
+    std::unique_ptr<char[]> next(new char[cap]);
+    if (used > 0) std::memcpy(next.get(), in_.get() + in_begin_, used);
+    in_ = std::move(next);
+    in_cap_ = cap;
+  }
+  in_begin_ = 0;
+  in_end_ = used;
+  account();
+  return true;
+}
+
+bool Session::output_full() const {
+  return out_.size() + writing_.size() >= shared_.max_pending_reply_bytes;
+}
+
+void Session::account() {
+  std::size_t now = in_cap_ + heap_bytes(out_) + heap_bytes(writing_) + wait_bytes_;
+  if (now >= held_) {
+    shared_.client_bytes.fetch_add(now - held_, std::memory_order_relaxed);
+  } else {
+    shared_.client_bytes.fetch_sub(held_ - now, std::memory_order_relaxed);
+  }
+  held_ = now;
+}
+
+// Takes `extra` bytes of both budgets at once (the global one atomically, as sessions on other
+// loops take theirs), or nothing.
+bool Session::reserve(std::size_t extra) {
+  if (extra > room(held_, shared_.max_connection_bytes)) return false;
+  const std::size_t before = shared_.client_bytes.fetch_add(extra, std::memory_order_relaxed);
+  if (before + extra > shared_.max_client_bytes) {
+    shared_.client_bytes.fetch_sub(extra, std::memory_order_relaxed);
+    return false;
+  }
+  held_ += extra;
+  return true;
+}
+
+void Session::over_budget(const std::string& what, std::size_t need) {
+  shared_.over_budget.fetch_add(1, std::memory_order_relaxed);
+  fail(what + " needs " + std::to_string(need) + " more bytes: over the memory budget of one " +
+       "connection (" + std::to_string(held_) + " of " +
+       std::to_string(shared_.max_connection_bytes) + " bytes held, ddprund " +
+       "--max-connection-bytes) or of all connections (" +
+       std::to_string(shared_.client_bytes.load()) + " of " +
+       std::to_string(shared_.max_client_bytes) + ", --max-client-bytes)");
+}
+
+// Arms the deadline when a request is left unfinished, re-arms it when a new one was started
+// after progress, and disarms it when nothing is left unparsed.
+void Session::arm_frame_deadline(bool partial, bool progressed) {
+  if (shared_.frame_timeout.count() <= 0) return;
+  if (!partial) {
+    if (frame_armed_) {
+      frame_armed_ = false;
+      ++frame_gen_;
+      frame_timer_.cancel();
+    }
+    return;
+  }
+  if (frame_armed_ && !progressed) return;
+  frame_armed_ = true;
+  frame_timer_.expires_after(shared_.frame_timeout);
+  frame_timer_.async_wait(
+      [self = shared_from_this(), gen = ++frame_gen_](const boost::system::error_code& ec) {
+        if (ec || gen != self->frame_gen_ || self->closing_ || self->closed_) return;
+        self->shared_.frame_timeouts.fetch_add(1, std::memory_order_relaxed);
+        self->fail("a request was started but not finished within " +
+                   std::to_string(self->shared_.frame_timeout.count()) +
+                   " ms (ddprund --frame-timeout)");
+      });
+}
+
 void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
   reading_ = false;
+  if (closed_) {
+    in_.reset();
+    in_cap_ = in_begin_ = in_end_ = 0;
+    account();
+    return;
+  }
   if (ec) {
     if (ec != asio::error::eof && ec != asio::error::operation_aborted &&
         ec != asio::error::connection_reset) {
@@ -92,16 +190,24 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
     return;
   }
   in_end_ += n;
+  pump();
+}
+
+void Session::pump() {
   process();
   flush();
-  if (out_.size() + writing_.size() < kMaxPendingOut) read();
+  read();
 }
 
 void Session::process() {
-  while (!closing_ && !closed_) {
+  bool partial = false, progressed = false;
+  while (!closing_ && !closed_ && !output_full()) {
     auto r =
         decoder_.decode(std::span<const char>(in_.get() + in_begin_, in_end_ - in_begin_), req_);
-    if (r.status == proto::DecodeStatus::need_more) break;
+    if (r.status == proto::DecodeStatus::need_more) {
+      partial = in_begin_ != in_end_;
+      break;
+    }
     if (r.status == proto::DecodeStatus::error) {
       fail(r.error);
       return;
@@ -109,8 +215,11 @@ void Session::process() {
     shared_.requests.fetch_add(1, std::memory_order_relaxed);
     bool go_on = handle(req_);
     in_begin_ += r.consumed;
+    progressed = true;
     if (!go_on) return;
   }
+  if (closing_ || closed_) return;
+  arm_frame_deadline(partial, progressed);
   if (in_begin_ == in_end_) {
     in_begin_ = in_end_ = 0;
     if (in_cap_ > kShrinkAbove) {
@@ -118,6 +227,7 @@ void Session::process() {
       in_cap_ = 0;
     }
   }
+  account();
 }
 
 bool Session::handle(const proto::Request& req) {
@@ -130,11 +240,33 @@ bool Session::handle(const proto::Request& req) {
   // stray STOP_WAITING that desynchronises 1.13's own server (torch-compat.md §5.5).
   if (wait_pending_) cancel_wait(false);
   if (req.op == Op::hello) status_prefix_ = true;
+  if (req.op == Op::validate) {
+    // torch's servers drop a client whose VALIDATE is not its first and only one.
+    if (validated_) {
+      fail("VALIDATE sent twice on one connection");
+      return false;
+    }
+    validated_ = true;
+  }
+  std::size_t wait_bytes = 0;
+  if (req.op == Op::wait || req.op == Op::barrier) {
+    for (auto k : req.keys) wait_bytes += 2 * k.size() + kWaitEntryOverhead;
+    if (!reserve(wait_bytes)) {
+      over_budget(std::string(proto::op_name(req.op)) + " on " + std::to_string(req.keys.size()) +
+                      " keys",
+                  wait_bytes);
+      return false;
+    }
+    wait_bytes_ = wait_bytes;  // reserved; dropped below unless the request now waits
+  }
 
   std::size_t mark = out_.size();
   woken_.clear();
   Millis now = needs_clock(req.op) ? shared_.now() : Millis(0);
   DispatchContext ctx{shared_.table, id_, now, status_prefix_, out_, woken_, {}};
+  ctx.max_reply = std::min(room(held_, shared_.max_connection_bytes),
+                           room(shared_.client_bytes.load(std::memory_order_relaxed),
+                                shared_.max_client_bytes));
   Outcome outcome;
   std::vector<std::shared_ptr<Session>> wake;
   if (needs_table(req.op)) {
@@ -145,12 +277,25 @@ bool Session::handle(const proto::Request& req) {
     outcome = dispatch(req, ctx);
   }
   post_wakes(wake);
+  if (outcome != Outcome::waiting) wait_bytes_ = 0;
   if (outcome == Outcome::failed) {
     out_.resize(mark);
+    if (ctx.over_budget) shared_.over_budget.fetch_add(1, std::memory_order_relaxed);
     fail(ctx.error);
     return false;
   }
   if (outcome == Outcome::waiting) wait_pending_ = true;
+  const std::size_t before = held_;
+  account();
+  if (held_ > shared_.max_connection_bytes ||
+      shared_.client_bytes.load(std::memory_order_relaxed) > shared_.max_client_bytes) {
+    out_.resize(mark);
+    out_.shrink_to_fit();
+    account();
+    over_budget(std::string("the reply to ") + std::string(proto::op_name(req.op)),
+                held_ > before ? held_ - before : 0);
+    return false;
+  }
   return true;
 }
 
@@ -172,6 +317,7 @@ void Session::cancel_wait(bool reply) {
   }
   wakes_delivered_ = issued;
   wait_pending_ = false;
+  wait_bytes_ = 0;
 }
 
 void Session::deliver_wakes() {
@@ -184,6 +330,8 @@ void Session::deliver_wakes() {
     w.u8(proto::kStopWaiting);
   }
   wait_pending_ = false;
+  wait_bytes_ = 0;
+  account();
   flush();
 }
 
@@ -205,21 +353,33 @@ void Session::flush() {
   asio::async_write(socket_, asio::buffer(writing_),
                     [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
                       self->writing_.clear();
+                      if (self->writing_.capacity() > kShrinkAbove || self->closed_) {
+                        std::string().swap(self->writing_);
+                      }
+                      self->account();
                       if (ec) {
                         self->close();
                         return;
                       }
-                      self->flush();
-                      if (self->out_.size() < kMaxPendingOut) self->read();
+                      self->pump();  // input held back by a full reply buffer goes on now
                     });
 }
 
 void Session::close() {
   if (closed_) return;
   closed_ = true;
+  ++frame_gen_;
+  frame_timer_.cancel();
   boost::system::error_code ec;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
   socket_.close(ec);
+  if (!reading_) {  // a read in flight keeps its buffer until its handler runs
+    in_.reset();
+    in_cap_ = in_begin_ = in_end_ = 0;
+  }
+  std::string().swap(out_);  // writing_ stays until the write's handler: it is in flight
+  wait_bytes_ = 0;
+  account();
   std::vector<std::shared_ptr<Session>> wake;
   {
     std::lock_guard<std::mutex> g(shared_.mu);
@@ -234,6 +394,8 @@ void Session::close() {
 
 void Session::abort() {
   closed_ = true;
+  ++frame_gen_;
+  frame_timer_.cancel();
   boost::system::error_code ec;
   socket_.close(ec);
 }

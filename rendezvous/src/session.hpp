@@ -26,9 +26,12 @@ struct SharedState {
   KvTable table;
   std::unordered_map<WaiterId, std::weak_ptr<Session>> sessions;
   proto::Limits limits;
+  std::size_t max_connection_bytes = 0, max_client_bytes = 0, max_pending_reply_bytes = 0;
+  std::chrono::milliseconds frame_timeout{0};
+  std::atomic<std::size_t> client_bytes{0};  // Session::held_ summed over every connection
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
   std::atomic<std::uint64_t> connections_open{0}, connections_total{0}, connections_refused{0},
-      requests{0}, protocol_errors{0};
+      requests{0}, protocol_errors{0}, frame_timeouts{0}, over_budget{0};
 
   Millis now() const {
     return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - epoch);
@@ -60,7 +63,17 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void read();
   void on_read(const boost::system::error_code& ec, std::size_t n);
+  // Parses what is buffered, sends the replies, and reads on while the replies are under
+  // their cap: the one step after a read and after a write.
+  void pump();
   void process();
+  bool output_full() const;
+  // Memory accounting (docs/rendezvous.md "Budgets"): held_ = buffers + wait registration.
+  void account();
+  bool reserve(std::size_t extra);
+  void over_budget(const std::string& what, std::size_t need);
+  bool grow_input();
+  void arm_frame_deadline(bool partial, bool progressed);
   bool handle(const proto::Request& req);
   void cancel_wait(bool reply);
   void fail(const std::string& why);
@@ -76,6 +89,12 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<char[]> in_;  // [in_begin_, in_end_) holds unparsed bytes; not zero-filled
   std::size_t in_cap_ = 0, in_begin_ = 0, in_end_ = 0;
   std::string out_, writing_;
+  std::size_t held_ = 0;          // counted in shared_.client_bytes
+  std::size_t wait_bytes_ = 0;    // estimate of the pending WAIT's registration
+  boost::asio::steady_timer frame_timer_;
+  std::uint64_t frame_gen_ = 0;   // a timer whose generation moved on is stale
+  bool frame_armed_ = false;
+  bool validated_ = false;        // a VALIDATE was seen (a second one is refused)
   Woken woken_;
   std::uint64_t wakes_delivered_ = 0;
   bool wait_pending_ = false;

@@ -2,6 +2,7 @@
 // 2.x and 1.13 clients) plus ddprun's lease extensions until SIGTERM or SIGINT.
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <cstdio>
@@ -42,10 +43,25 @@ int main(int argc, char** argv) {
                  "most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-connection-bytes", opts.max_connection_bytes,
+                 "memory held for one client (unparsed input, unsent replies, its WAIT); over "
+                 "it the request gets the reason and the connection closes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-client-bytes", opts.max_client_bytes,
+                 "the same, for all connections together")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  double frame_timeout_s = static_cast<double>(opts.frame_timeout.count()) / 1000;
+  app.add_option("--frame-timeout", frame_timeout_s,
+                 "seconds to finish a request once its first byte came (0: no deadline)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--backlog", opts.backlog, "listen backlog (capped by net.core.somaxconn)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  opts.frame_timeout = std::chrono::milliseconds(static_cast<long>(frame_timeout_s * 1000));
 
   // Block the stop signals before any thread starts, so that only sigwait() below sees them.
   sigset_t stop_signals;
@@ -77,8 +93,13 @@ int main(int argc, char** argv) {
     log.info("received signal {}, shutting down", sig);
     server.stop();
     auto st = server.stats();
-    log.info("served {} connections, {} requests, {} refused for protocol errors",
-             st.connections_total, st.requests, st.protocol_errors);
+    log.info(
+        "served {} connections, {} requests; closed {} for protocol errors, {} for an "
+        "unfinished request, {} over a memory budget",
+        st.connections_total, st.requests, st.protocol_errors, st.frame_timeouts, st.over_budget);
+  } catch (const ddp::ConfigError& e) {
+    log.error("{}", e.what());
+    return 2;
   } catch (const ddp::Error& e) {
     log.error("{}", e.what());
     return 1;

@@ -34,6 +34,9 @@ class KvTable {
  public:
   // Every stored key, value and queued item is counted as its bytes plus this overhead.
   static constexpr std::size_t kEntryOverhead = 64;
+  // Every lease is counted as this plus its will's key and value, so that leases (which may
+  // outlive their connection) are bounded by the same cap as keys.
+  static constexpr std::size_t kLeaseOverhead = 128;
 
   // 0: no limit. Otherwise a write that would take the total past it throws ProtocolError,
   // and the table is left as it was.

@@ -2,6 +2,7 @@
 // it on the master node) and wrapped by the ddprund daemon. Asio stays behind the pimpl.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,17 @@ struct ServerOptions {
   // past it closes that client's connection with the reason; 0 disables the cap.
   std::size_t max_store_bytes = std::size_t{1} << 30;
   int backlog = 65535;  // capped by the kernel's net.core.somaxconn
+  // Memory held for clients outside the table: unparsed input (partial frames), unsent
+  // replies and wait registrations. Per connection and for all connections together; a
+  // request that would go past either gets the reason and its connection is closed
+  // (docs/rendezvous.md, "Budgets"). The per-connection budget must hold one largest request.
+  std::size_t max_connection_bytes = std::size_t{96} << 20;
+  std::size_t max_client_bytes = std::size_t{1} << 30;
+  // Replies waiting to be sent past which a connection's input is no longer parsed or read
+  // (TCP back-pressure) until they drain.
+  std::size_t max_pending_reply_bytes = std::size_t{4} << 20;
+  // A request whose first byte arrived must be complete within this; 0: no deadline.
+  std::chrono::milliseconds frame_timeout{5000};
 };
 
 struct ServerStats {
@@ -29,6 +41,9 @@ struct ServerStats {
   std::uint64_t connections_refused = 0;  // over max_connections
   std::uint64_t requests = 0;
   std::uint64_t protocol_errors = 0;  // connections closed for a bad request
+  std::uint64_t frame_timeouts = 0;   // closed: a request not finished within frame_timeout
+  std::uint64_t over_budget = 0;      // closed: over max_connection_bytes or max_client_bytes
+  std::uint64_t client_bytes = 0;     // held for all connections now (input, replies, waits)
 };
 
 class StoreServer {
@@ -38,7 +53,8 @@ class StoreServer {
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
-  // Binds and starts the event loops; throws ddp::IoError if the address cannot be bound.
+  // Binds and starts the event loops; throws ddp::IoError if the address cannot be bound and
+  // ddp::ConfigError for budgets that cannot hold one largest request.
   void start();
   // Closes the listener and every connection, joins the loops. Idempotent.
   void stop();

@@ -1,0 +1,232 @@
+// The store server's hardening with real sockets (issue 14): back-pressure on a client that
+// never reads, per-connection and global memory budgets, the deadline on a started request,
+// leases counted in the store cap, a second VALIDATE, BARRIER n <= 0, close-on-exec sockets.
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "../support/hex.hpp"
+#include "../support/raw_socket.hpp"
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/kv_table.hpp"
+#include "ddp/rdzv/server.hpp"
+
+using namespace ddp::rdzv;
+using namespace std::chrono_literals;
+using ddp::test::RawSocket;
+using ddp::test::unhex;
+
+namespace {
+
+struct Server {
+  StoreServer server;
+  explicit Server(ServerOptions o) : server(std::move(o)) { server.start(); }
+  std::unique_ptr<StoreClient> client() {
+    ClientOptions o;
+    o.connect_timeout = 5s;
+    o.timeout = 5s;
+    return std::make_unique<StoreClient>("127.0.0.1", server.port(), o);
+  }
+};
+
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return pred();
+}
+
+const std::string kValidate = unhex("00 cef7853c");
+
+std::string u64(std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+std::string str(const std::string& s) { return u64(s.size()) + s; }
+
+// Small limits so that every budget is reached with little memory.
+ServerOptions small() {
+  ServerOptions o;
+  o.threads = 2;
+  o.limits.max_value_bytes = 64 * 1024;
+  o.max_connection_bytes = 512 * 1024;
+  o.max_client_bytes = 4 * 1024 * 1024;
+  o.max_pending_reply_bytes = 256 * 1024;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a client that never reads is held at the reply cap; it resumes when it reads",
+          "[integration][budget]") {
+  Server s(small());
+  auto writer = s.client();
+  const std::string value(60 * 1024, 'v');
+  writer->set("big", value);
+  RawSocket hog(s.server.port());
+  std::string gets;
+  for (int i = 0; i < 128; ++i) gets += unhex("03") + str("big");  // 128 x 60 KiB of replies
+  REQUIRE(hog.send(kValidate + gets));
+  // Unread, the replies stop at the cap: the server holds at most cap + one reply + buffers,
+  // not 7.5 MiB, and no connection is closed for it.
+  std::this_thread::sleep_for(200ms);
+  const auto held = s.server.stats().client_bytes;
+  CHECK(held < 2 * 1024 * 1024);
+  CHECK(s.server.stats().over_budget == 0);
+  CHECK(writer->add("other", 1) == 1);  // the others are served meanwhile
+  // Reading, the hog gets all 128 replies, in order, intact.
+  std::string all = hog.recv(128 * (8 + value.size()), 10s);
+  REQUIRE(all.size() == 128 * (8 + value.size()));
+  for (int i = 0; i < 128; ++i) {
+    const std::size_t at = static_cast<std::size_t>(i) * (8 + value.size());
+    CHECK(all.compare(at, 8, u64(value.size())) == 0);
+    CHECK(all.compare(at + 8, value.size(), value) == 0);
+  }
+}
+
+TEST_CASE("an unfinished request over the connection budget closes only that connection",
+          "[integration][budget]") {
+  auto o = small();
+  o.limits.max_request_bytes = 64 * 1024 * 1024;  // the budget, not the decoder, stops it
+  Server s(o);
+  auto good = s.client();
+  good->set("k", "v");
+  RawSocket bad(s.server.port());
+  // MULTI_SET of 64 values of 60 KiB: 3.8 MiB, never finished within a 512 KiB budget.
+  std::string frame = kValidate + unhex("0b") + u64(64);
+  for (int i = 0; i < 64; ++i) frame += str("k" + std::to_string(i)) + str(std::string(60000, 'x'));
+  bad.send(frame.substr(0, 2 * 1024 * 1024));
+  CHECK(bad.closed_by_peer());
+  CHECK(s.server.stats().over_budget == 1);
+  CHECK(good->get("k") == "v");
+  CHECK(eventually([&] { return s.server.stats().client_bytes < 256 * 1024; }));
+}
+
+TEST_CASE("a HELLO client over a budget is told why", "[integration][budget]") {
+  Server s(small());
+  auto c = s.client();
+  c->set("v", std::string(60 * 1024, 'x'));
+  // One MULTI_GET naming the same 60 KiB value 64 times: a 3.8 MiB reply, refused before it
+  // is built.
+  try {
+    (void)c->multi_get(std::vector<std::string>(64, "v"));
+    FAIL("the reply cannot fit the budget");
+  } catch (const ddp::Error& e) {
+    CHECK(std::string(e.what()).find("max-connection-bytes") != std::string::npos);
+  }
+  // A WAIT on more key bytes than the budget holds.
+  auto w = s.client();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back(std::string(8000, static_cast<char>('a' + i % 26)) + std::to_string(i));
+  try {
+    w->wait(keys, 2s);
+    FAIL("the wait cannot fit the budget");
+  } catch (const ddp::Error& e) {
+    CHECK(std::string(e.what()).find("WAIT on 40 keys") != std::string::npos);
+  }
+  CHECK(s.server.stats().over_budget == 2);
+  CHECK(s.client()->num_keys() == 1);
+}
+
+TEST_CASE("the global budget holds across connections", "[integration][budget]") {
+  auto o = small();
+  o.max_client_bytes = 1024 * 1024;  // two connections' worth
+  Server s(o);
+  std::vector<std::unique_ptr<RawSocket>> partial;
+  // 24 connections each hold a half-sent 64 KiB SET: about 1.5 MiB in all, past the budget.
+  const std::string head = kValidate + unhex("01") + str("key") + u64(64000);
+  for (int i = 0; i < 24; ++i) {
+    partial.push_back(std::make_unique<RawSocket>(s.server.port()));
+    partial.back()->send(head + std::string(60000, 'p'));
+  }
+  CHECK(eventually([&] { return s.server.stats().over_budget >= 1; }));
+  CHECK(s.server.stats().client_bytes <= o.max_client_bytes);
+  partial.clear();
+  CHECK(eventually([&] { return s.server.stats().client_bytes == 0; }));
+  INFO("open " << s.server.stats().connections_open);
+  CHECK(s.server.stats().client_bytes == 0);
+  auto c = s.client();
+  CHECK(c->add("n", 1) == 1);
+}
+
+TEST_CASE("a started request must finish within the frame deadline", "[integration][budget]") {
+  auto o = small();
+  o.frame_timeout = 300ms;
+  Server s(o);
+  RawSocket slow(s.server.port());
+  slow.send(kValidate + unhex("01") + str("key"));  // SET: key sent, value never
+  CHECK(slow.closed_by_peer(10s));
+  CHECK(s.server.stats().frame_timeouts == 1);
+  // Idle between requests is not a started request: a quiet client stays.
+  RawSocket quiet(s.server.port());
+  quiet.send(kValidate);
+  CHECK_FALSE(quiet.closed_by_peer(700ms));
+  quiet.send(unhex("04") + str("n") + u64(5));  // ADD 5
+  CHECK(quiet.recv(8) == u64(5));
+  // Whole requests one byte at a time, each within the deadline, are served.
+  RawSocket trickle(s.server.port());
+  std::string add = kValidate + unhex("04") + str("n") + u64(1);
+  for (char ch : add) {
+    trickle.send(std::string(1, ch));
+    std::this_thread::sleep_for(5ms);
+  }
+  CHECK(trickle.recv(8) == u64(6));
+  CHECK(s.server.stats().frame_timeouts == 1);
+}
+
+TEST_CASE("leases are counted in the store cap", "[integration][budget]") {
+  ServerOptions o;
+  o.threads = 1;
+  o.max_store_bytes = 64 * 1024;
+  Server s(o);
+  auto c = s.client();
+  int granted = 0;
+  try {
+    for (; granted < 100000; ++granted) (void)c->lease_grant(60s, false);
+    FAIL("unbounded leases");
+  } catch (const ddp::Error& e) {
+    CHECK(std::string(e.what()).find("the store is full") != std::string::npos);
+  }
+  CHECK(granted == static_cast<int>(o.max_store_bytes / KvTable::kLeaseOverhead));
+}
+
+TEST_CASE("a second VALIDATE and a BARRIER of no one are refused", "[integration][budget]") {
+  Server s(small());
+  RawSocket twice(s.server.port());
+  twice.send(kValidate + kValidate);
+  CHECK(twice.closed_by_peer());
+  auto c = s.client();
+  try {
+    c->barrier("b", 0, 2s);
+    FAIL("BARRIER with world size 0 must be refused");
+  } catch (const ddp::ProtocolError& e) {
+    CHECK(std::string(e.what()).find("BARRIER with world size 0 (must be > 0)") !=
+          std::string::npos);
+  }
+  CHECK(s.server.stats().protocol_errors == 2);
+}
+
+TEST_CASE("the listener and every accepted connection are close-on-exec", "[integration]") {
+  ServerOptions o;
+  o.threads = 1;
+  Server s(o);
+  auto a = s.client();
+  auto b = s.client();
+  CHECK(a->add("x", 1) == 1);
+  CHECK(b->add("x", 1) == 2);
+  int sockets = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = std::stoi(e.path().filename().string());
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    ++sockets;
+    INFO("fd " << fd);
+    CHECK((::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);
+  }
+  CHECK(sockets >= 5);  // the listener, two client ends, two server ends
+}
