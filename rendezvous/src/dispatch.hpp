@@ -27,6 +27,7 @@ struct DispatchContext {
   // Room left in the connection's memory budget: a MULTI_GET or LIST_KEYS whose reply would
   // not fit is refused before it is built (with over_budget set).
   std::size_t max_reply = SIZE_MAX;
+  std::size_t max_leases = 0;  // live leases one connection may hold; 0: no limit
   bool over_budget = false;
 };
 

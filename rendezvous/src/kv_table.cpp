@@ -256,13 +256,22 @@ void KvTable::changed(std::string_view key, Woken& woken) {
   if (list.empty()) barriers_.erase(b);
 }
 
-LeaseId KvTable::lease_grant(Millis ttl, WaiterId owner, Millis now) {
+LeaseId KvTable::lease_grant(Millis ttl, WaiterId owner, Millis now, WaiterId creator,
+                             std::size_t max_per_creator) {
+  std::size_t& held = leases_by_creator_[creator];
+  if (max_per_creator != 0 && held >= max_per_creator) {
+    DDP_THROW(ProtocolError, "this connection holds " + std::to_string(held) +
+                                 " live leases, the most one connection may hold (ddprund " +
+                                 "--max-leases-per-connection)");
+  }
   charge(static_cast<std::int64_t>(kLeaseOverhead), "(a new lease)");
+  ++held;
   LeaseId id = next_lease_++;
   Lease l;
   l.ttl = ttl;
   l.expiry = expiry_after(now, ttl);
   l.owner = owner;
+  l.creator = creator;
   leases_.emplace(id, std::move(l));
   return id;
 }
@@ -352,6 +361,10 @@ void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it, Woken*
   std::string key = std::move(it->second.will_key);
   std::string value = std::move(it->second.will_value);
   bytes_ -= kLeaseOverhead + key.size() + value.size();
+  if (auto c = leases_by_creator_.find(it->second.creator);
+      c != leases_by_creator_.end() && --c->second == 0) {
+    leases_by_creator_.erase(c);
+  }
   leases_.erase(it);
   if (woken == nullptr || key.empty() || exists(key)) return;
   try {

@@ -81,6 +81,7 @@ struct StoreServer::Impl {
     shared.max_client_bytes = opts.max_client_bytes;
     shared.max_pending_reply_bytes = opts.max_pending_reply_bytes;
     shared.frame_timeout = opts.frame_timeout;
+    shared.max_leases_per_connection = opts.max_leases_per_connection;
     shared.table.set_max_bytes(opts.max_store_bytes);
   }
 

@@ -267,6 +267,7 @@ bool Session::handle(const proto::Request& req) {
   ctx.max_reply = std::min(room(held_, shared_.max_connection_bytes),
                            room(shared_.client_bytes.load(std::memory_order_relaxed),
                                 shared_.max_client_bytes));
+  ctx.max_leases = shared_.max_leases_per_connection;
   Outcome outcome;
   std::vector<std::shared_ptr<Session>> wake;
   if (needs_table(req.op)) {

@@ -28,6 +28,7 @@ struct SharedState {
   proto::Limits limits;
   std::size_t max_connection_bytes = 0, max_client_bytes = 0, max_pending_reply_bytes = 0;
   std::chrono::milliseconds frame_timeout{0};
+  std::size_t max_leases_per_connection = 0;
   std::atomic<std::size_t> client_bytes{0};  // Session::held_ summed over every connection
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
   std::atomic<std::uint64_t> connections_open{0}, connections_total{0}, connections_refused{0},

@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
                  "the same, for all connections together")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-leases-per-connection", opts.max_leases_per_connection,
+                 "live leases one connection may grant (0: no limit)")
+      ->capture_default_str();
   double frame_timeout_s = static_cast<double>(opts.frame_timeout.count()) / 1000;
   app.add_option("--frame-timeout", frame_timeout_s,
                  "seconds to finish a request once its first byte came (0: no deadline)")

@@ -1,16 +1,22 @@
 // WorkerGroup with real processes: exit codes and signals seen at once through pidfds, the
-// grace period before SIGKILL, whole process groups stopped, exec failures named, and no worker
-// outliving a SIGKILLed agent.
+// grace period before SIGKILL, whole process groups stopped, exec failures named, no worker
+// outliving a SIGKILLed agent, workers inheriting no fd but 0-2 and the agent's inherited ones,
+// and kill_tree reaching setsid'ed and double-forked descendants.
 #include "ddp/launch/worker_group.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
+#include "ddp/launch/descendants.hpp"
 #include "ddp/proto/error.hpp"
 
 using namespace ddp::launch;
@@ -149,4 +155,73 @@ TEST_CASE("workers die with a SIGKILLed agent", "[integration][launch]") {
   ::waitpid(agent, nullptr, 0);
   CHECK(eventually_gone(workers[0], 1s));
   CHECK(eventually_gone(workers[1], 1s));
+}
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s;
+}
+
+// Waits for `path` to hold a complete line (the writer renames it into place).
+std::string wait_for_file(const std::string& path) {
+  for (int i = 0; i < 1000 && ::access(path.c_str(), F_OK) != 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  return read_file(path);
+}
+
+}  // namespace
+
+TEST_CASE("a worker gets fds 0-2 and the inherited ones, nothing else", "[integration][launch]") {
+  char dir[] = "/tmp/ddp-wg-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  int leaked[2], passed[2];
+  REQUIRE(::pipe(leaked) == 0);  // not close-on-exec: what a careless library leaves open
+  REQUIRE(::pipe(passed) == 0);
+  const std::string out = std::string(dir) + "/fds";
+  {
+    WorkerGroup g({{passed[1]}, -1});
+    // The fds still open once the listing's own directory fd is closed again.
+    g.start({sh("for f in /proc/$$/fd/*; do [ -e \"$f\" ] && echo ${f##*/}; done | sort -n > " +
+                out + ".tmp; mv " + out + ".tmp " + out)});
+    auto e = g.wait_any(10s);
+    REQUIRE(e.has_value());
+    CHECK(e->exit_code == 0);
+  }
+  CHECK(wait_for_file(out) == "0\n1\n2\n" + std::to_string(passed[1]) + "\n");
+  for (int fd : {leaked[0], leaked[1], passed[0], passed[1]}) ::close(fd);
+  std::remove(out.c_str());
+  ::rmdir(dir);
+}
+
+TEST_CASE("kill_tree reaches forked, double-forked and setsid'ed descendants",
+          "[integration][launch]") {
+  char dir[] = "/tmp/ddp-wg-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string out = std::string(dir) + "/pids";
+  become_subreaper();  // as the agent is: orphans stay below this process
+  WorkerGroup g;
+  g.start({sh("sleep 30 & a=$!; (sleep 30 & echo $! > " + out + ".b); setsid sleep 30 & c=$!; " +
+              "b=$(cat " + out + ".b); echo $a $b $c > " + out + ".tmp; mv " + out + ".tmp " + out +
+              "; exec sleep 30")});
+  std::stringstream pids(wait_for_file(out));
+  std::vector<pid_t> grandchildren;
+  for (pid_t p; pids >> p;) grandchildren.push_back(p);
+  REQUIRE(grandchildren.size() == 3);
+  auto below = descendants(::getpid());
+  for (pid_t p : grandchildren) {
+    CHECK(std::any_of(below.begin(), below.end(), [&](const ProcId& d) { return d.pid == p; }));
+  }
+  g.stop(2s);
+  CHECK_FALSE(gone(grandchildren[2]));  // the setsid'ed one is outside the worker's group
+  CHECK(kill_tree(::getpid()) >= 1);
+  for (pid_t p : grandchildren) CHECK(eventually_gone(p, 2s));
+  reap_orphans({});
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  std::remove((out + ".b").c_str());
+  std::remove(out.c_str());
+  ::rmdir(dir);
 }

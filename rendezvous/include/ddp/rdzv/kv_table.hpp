@@ -76,8 +76,11 @@ class KvTable {
   bool is_waiting(WaiterId w) const { return awaited_.contains(w); }
 
   // --- leases (ddprun extension) -----------------------------------------------------------
-  // ttl 0 means no expiry; owner != 0 binds the lease to that connection's life.
-  LeaseId lease_grant(Millis ttl, WaiterId owner, Millis now);
+  // ttl 0 means no expiry; owner != 0 binds the lease to that connection's life. `creator`
+  // (the granting connection) may hold at most `max_per_creator` live leases (0: no limit);
+  // past it, or past the byte cap, throws ProtocolError.
+  LeaseId lease_grant(Millis ttl, WaiterId owner, Millis now, WaiterId creator = 0,
+                      std::size_t max_per_creator = 0);
   bool lease_keepalive(LeaseId id, Millis now);
   bool lease_revoke(LeaseId id);  // deletes the lease's keys
   bool set_with_lease(std::string_view key, std::string_view value, LeaseId id, Woken& woken);
@@ -104,6 +107,7 @@ class KvTable {
     Millis ttl{0};
     Millis expiry{0};
     WaiterId owner = 0;
+    WaiterId creator = 0;
     std::unordered_set<std::string> keys;
     std::string will_key, will_value;
   };
@@ -122,6 +126,7 @@ class KvTable {
   std::unordered_map<WaiterId, Awaited> awaited_;
   std::unordered_map<LeaseId, Lease> leases_;
   StringMap<LeaseId> key_lease_;
+  std::unordered_map<WaiterId, std::size_t> leases_by_creator_;
   LeaseId next_lease_ = 1;
   std::size_t bytes_ = 0;
   std::size_t max_bytes_ = 0;

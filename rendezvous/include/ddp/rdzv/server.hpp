@@ -33,6 +33,8 @@ struct ServerOptions {
   std::size_t max_pending_reply_bytes = std::size_t{4} << 20;
   // A request whose first byte arrived must be complete within this; 0: no deadline.
   std::chrono::milliseconds frame_timeout{5000};
+  // Live leases one connection may have granted (bound or with a ttl); 0: no limit.
+  std::size_t max_leases_per_connection = 1024;
 };
 
 struct ServerStats {
