@@ -130,9 +130,8 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
                       " ms exceeds the maximum of 30 days";
           return Outcome::failed;
         }
-        reply().value<std::uint64_t>(
-            t.lease_grant(Millis(req.i64), req.u8 != 0 ? ctx.self : 0, ctx.now, ctx.self,
-                          ctx.max_leases));
+        reply().value<std::uint64_t>(t.lease_grant(Millis(req.i64), req.u8 != 0 ? ctx.self : 0,
+                                                   ctx.now, ctx.self, ctx.max_leases));
         return Outcome::replied;
       case Op::lease_keepalive:
         reply().u8(t.lease_keepalive(req.u64, ctx.now) ? 0 : 1);

@@ -120,8 +120,8 @@ struct StoreServer::Impl {
     }
     tcp::endpoint ep = results.begin()->endpoint();
     acceptor = std::make_unique<tcp::acceptor>(io);
-    const int lfd = ::socket(ep.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                             IPPROTO_TCP);
+    const int lfd =
+        ::socket(ep.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_TCP);
     if (lfd < 0) {
       DDP_THROW(IoError, "cannot open a listening socket: " + std::string(std::strerror(errno)));
     }
@@ -152,8 +152,7 @@ struct StoreServer::Impl {
           adopt(fd);
           continue;
         }
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
-            errno == ECONNABORTED) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
           break;
         }
         // EMFILE and friends: back off instead of spinning on a full fd table.

@@ -252,9 +252,9 @@ bool Session::handle(const proto::Request& req) {
   if (req.op == Op::wait || req.op == Op::barrier) {
     for (auto k : req.keys) wait_bytes += 2 * k.size() + kWaitEntryOverhead;
     if (!reserve(wait_bytes)) {
-      over_budget(std::string(proto::op_name(req.op)) + " on " + std::to_string(req.keys.size()) +
-                      " keys",
-                  wait_bytes);
+      over_budget(
+          std::string(proto::op_name(req.op)) + " on " + std::to_string(req.keys.size()) + " keys",
+          wait_bytes);
       return false;
     }
     wait_bytes_ = wait_bytes;  // reserved; dropped below unless the request now waits
@@ -264,9 +264,9 @@ bool Session::handle(const proto::Request& req) {
   woken_.clear();
   Millis now = needs_clock(req.op) ? shared_.now() : Millis(0);
   DispatchContext ctx{shared_.table, id_, now, status_prefix_, out_, woken_, {}};
-  ctx.max_reply = std::min(room(held_, shared_.max_connection_bytes),
-                           room(shared_.client_bytes.load(std::memory_order_relaxed),
-                                shared_.max_client_bytes));
+  ctx.max_reply = std::min(
+      room(held_, shared_.max_connection_bytes),
+      room(shared_.client_bytes.load(std::memory_order_relaxed), shared_.max_client_bytes));
   ctx.max_leases = shared_.max_leases_per_connection;
   Outcome outcome;
   std::vector<std::shared_ptr<Session>> wake;

@@ -90,12 +90,12 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<char[]> in_;  // [in_begin_, in_end_) holds unparsed bytes; not zero-filled
   std::size_t in_cap_ = 0, in_begin_ = 0, in_end_ = 0;
   std::string out_, writing_;
-  std::size_t held_ = 0;          // counted in shared_.client_bytes
-  std::size_t wait_bytes_ = 0;    // estimate of the pending WAIT's registration
+  std::size_t held_ = 0;        // counted in shared_.client_bytes
+  std::size_t wait_bytes_ = 0;  // estimate of the pending WAIT's registration
   boost::asio::steady_timer frame_timer_;
-  std::uint64_t frame_gen_ = 0;   // a timer whose generation moved on is stale
+  std::uint64_t frame_gen_ = 0;  // a timer whose generation moved on is stale
   bool frame_armed_ = false;
-  bool validated_ = false;        // a VALIDATE was seen (a second one is refused)
+  bool validated_ = false;  // a VALIDATE was seen (a second one is refused)
   Woken woken_;
   std::uint64_t wakes_delivered_ = 0;
   bool wait_pending_ = false;

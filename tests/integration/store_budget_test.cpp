@@ -122,7 +122,8 @@ TEST_CASE("a HELLO client over a budget is told why", "[integration][budget]") {
   // A WAIT on more key bytes than the budget holds.
   auto w = s.client();
   std::vector<std::string> keys;
-  for (int i = 0; i < 40; ++i) keys.push_back(std::string(8000, static_cast<char>('a' + i % 26)) + std::to_string(i));
+  for (int i = 0; i < 40; ++i)
+    keys.push_back(std::string(8000, static_cast<char>('a' + i % 26)) + std::to_string(i));
   try {
     w->wait(keys, 2s);
     FAIL("the wait cannot fit the budget");
