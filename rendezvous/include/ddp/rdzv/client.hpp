@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/rdzv/store.hpp"
+
 namespace ddp::rdzv {
 
 struct ClientOptions {
@@ -22,32 +24,33 @@ struct ClientOptions {
   bool extensions = true;
 };
 
-class StoreClient {
+class StoreClient : public Store {
  public:
   StoreClient(std::string host, std::uint16_t port, ClientOptions options = {});
-  ~StoreClient();
+  ~StoreClient() override;
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
 
-  void set(std::string_view key, std::string_view value);
-  std::string get(std::string_view key);  // waits for the key first, like torch
-  std::int64_t add(std::string_view key, std::int64_t delta);
+  void set(std::string_view key, std::string_view value) override;
+  std::string get(std::string_view key) override;  // waits for the key first, like torch
+  std::int64_t add(std::string_view key, std::int64_t delta) override;
   std::string compare_set(std::string_view key, std::string_view expected,
-                          std::string_view desired);
-  bool check(const std::vector<std::string>& keys);
+                          std::string_view desired) override;
+  bool check(const std::vector<std::string>& keys) override;
   // Throws ddp::TimeoutError naming the keys when they do not all appear in time.
-  void wait(const std::vector<std::string>& keys);
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
-  bool delete_key(std::string_view key);
-  std::int64_t num_keys();
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool delete_key(std::string_view key) override;
+  std::int64_t num_keys() override;
   void append(std::string_view key, std::string_view value);
-  std::vector<std::string> multi_get(const std::vector<std::string>& keys);  // waits first
-  void multi_set(const std::vector<std::string>& keys, const std::vector<std::string>& values);
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;  // waits first
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) override;
   std::uint32_t ping(std::uint32_t nonce);
   void queue_push(std::string_view key, std::string_view value);
   std::optional<std::string> queue_pop(std::string_view key);  // nullopt when empty
   std::int64_t queue_len(std::string_view key);
-  std::vector<std::string> list_keys();
+  std::vector<std::string> list_keys() override;
   void barrier(std::string_view key, std::int64_t world_size, std::chrono::milliseconds timeout);
 
   // Leases (ddprun extension; needs extensions = true and a ddprund server).

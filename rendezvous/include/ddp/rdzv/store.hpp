@@ -1,0 +1,36 @@
+// Store: the key-value operations that the rendezvous, the agent and the trainer use, behind
+// one interface (gloo's Store shape). StoreClient (TCP, any TCPStore server) and MemoryStore
+// (in-process, for tests that run N ranks as threads) implement it with the same semantics:
+// get and multi_get wait for their keys, wait throws ddp::TimeoutError naming the keys.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::rdzv {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void set(std::string_view key, std::string_view value) = 0;
+  virtual std::string get(std::string_view key) = 0;
+  virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
+  // torch's CAS: see KvTable::compare_set.
+  virtual std::string compare_set(std::string_view key, std::string_view expected,
+                                  std::string_view desired) = 0;
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  virtual void wait(const std::vector<std::string>& keys) = 0;  // the store's default timeout
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  virtual bool delete_key(std::string_view key) = 0;
+  virtual std::int64_t num_keys() = 0;
+  virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys) = 0;
+  virtual void multi_set(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) = 0;
+  virtual std::vector<std::string> list_keys() = 0;
+};
+
+}  // namespace ddp::rdzv
