@@ -14,7 +14,7 @@
 
 #include "ddp/proto/decoder.hpp"
 #include "ddp/rdzv/kv_table.hpp"
-#include "ddp/rdzv/server.hpp"
+#include "ddp/proto/opcodes.hpp"
 
 namespace ddp::rdzv {
 
@@ -39,7 +39,6 @@ struct SharedState {
   }
 };
 
-class Session;
 
 // Wake-ups found under shared.mu: counts one for each woken session that still exists and
 // returns them; post_wakes() (no lock needed) makes each deliver its STOP_WAITING on its loop.
