@@ -85,22 +85,27 @@ struct StoreServer::Impl {
     shared.table.set_max_bytes(opts.max_store_bytes);
   }
 
-  // One largest value must fit a connection, and one connection the whole budget.
+  // A connection's budget must hold its reply buffers at their fullest (two strings of up to
+  // twice the reply cap plus one largest value each, as strings double) and one largest
+  // value's request; the global budget at least one connection.
   void check_budgets() const {
-    const std::size_t one = opts.limits.max_value_bytes + opts.limits.max_key_bytes + 64 * 1024;
-    if (opts.max_connection_bytes < one) {
+    const std::size_t replies = 4 * (opts.max_pending_reply_bytes + opts.limits.max_value_bytes);
+    const std::size_t request = opts.limits.max_value_bytes + opts.limits.max_key_bytes;
+    const std::size_t need = std::max(replies, request) + 64 * 1024;
+    if (opts.max_pending_reply_bytes == 0) {
+      DDP_THROW(ConfigError, "the pending-reply cap must be > 0");
+    }
+    if (opts.max_connection_bytes < need) {
       DDP_THROW(ConfigError, "--max-connection-bytes " + std::to_string(opts.max_connection_bytes) +
-                                 " cannot hold one largest value (--max-value-bytes " +
-                                 std::to_string(opts.limits.max_value_bytes) + " + key + 64 KiB" +
-                                 " = " + std::to_string(one) + ")");
+                                 " is below " + std::to_string(need) +
+                                 ": a connection must hold its reply buffers at their fullest, 4 x "
+                                 "(the 4 MiB reply cap + --max-value-bytes " +
+                                 std::to_string(opts.limits.max_value_bytes) + "), + 64 KiB");
     }
     if (opts.max_client_bytes < opts.max_connection_bytes) {
       DDP_THROW(ConfigError, "--max-client-bytes " + std::to_string(opts.max_client_bytes) +
                                  " is below --max-connection-bytes " +
                                  std::to_string(opts.max_connection_bytes));
-    }
-    if (opts.max_pending_reply_bytes == 0) {
-      DDP_THROW(ConfigError, "the pending-reply cap must be > 0");
     }
   }
 

@@ -26,7 +26,15 @@ constexpr std::size_t kShrinkAbove = 64 * 1024;  // give back what one big value
 // two hash-map nodes.
 constexpr std::size_t kWaitEntryOverhead = 96;
 
+// The first bytes of every connection are not counted against the global budget, so that a
+// well-behaved client (small requests, small replies) is never refused because others have
+// taken it all; the global bound is max_client_bytes + this x open connections.
+constexpr std::size_t kConnectionAllowance = 64 * 1024;
+
 std::size_t room(std::size_t used, std::size_t cap) { return used >= cap ? 0 : cap - used; }
+std::size_t excess(std::size_t held) {
+  return held > kConnectionAllowance ? held - kConnectionAllowance : 0;
+}
 
 // Heap bytes of a string: an empty one's inline capacity is not memory held for a client.
 std::size_t heap_bytes(const std::string& s) {
@@ -91,9 +99,13 @@ bool Session::grow_input() {
   std::size_t cap = std::max(in_cap_, kInitialBuffer);
   while (cap - used < kMinReadSpace || cap < used * 2) cap *= 2;
   if (cap > in_cap_ && !reserve(cap - in_cap_)) {
-    cap = std::max(in_cap_, used + kMinReadSpace);
-    if (cap > in_cap_ && !reserve(cap - in_cap_)) {
-      over_budget("a request of more than " + std::to_string(used) + " bytes", cap - in_cap_);
+    // Not the doubling: all the budgets still allow (never a few KiB at a time, which would
+    // copy the buffer once per read), if that is room for one more read.
+    const std::size_t allowed = room_left();
+    cap = in_cap_ + std::min(allowed, cap - in_cap_);
+    if (cap < used + kMinReadSpace || !reserve(cap - in_cap_)) {
+      over_budget("a request of more than " + std::to_string(used) + " bytes",
+                  used + kMinReadSpace - std::min(cap, used + kMinReadSpace) + 1);
       return false;
     }
   }
@@ -116,24 +128,40 @@ bool Session::output_full() const {
 }
 
 void Session::account() {
-  std::size_t now = in_cap_ + heap_bytes(out_) + heap_bytes(writing_) + wait_bytes_;
-  if (now >= held_) {
-    shared_.client_bytes.fetch_add(now - held_, std::memory_order_relaxed);
-  } else {
-    shared_.client_bytes.fetch_sub(held_ - now, std::memory_order_relaxed);
-  }
+  const std::size_t now = in_cap_ + heap_bytes(out_) + heap_bytes(writing_) + wait_bytes_;
+  auto move = [](std::atomic<std::size_t>& total, std::size_t from, std::size_t to) {
+    if (to >= from) {
+      total.fetch_add(to - from, std::memory_order_relaxed);
+    } else {
+      total.fetch_sub(from - to, std::memory_order_relaxed);
+    }
+  };
+  move(shared_.client_bytes, held_, now);
+  move(shared_.client_excess, excess(held_), excess(now));
   held_ = now;
+}
+
+// What this connection may still take: its own budget, and the global one beyond its
+// allowance.
+std::size_t Session::room_left() const {
+  const std::size_t own = room(held_, shared_.max_connection_bytes);
+  const std::size_t free = room(held_, kConnectionAllowance);
+  const std::size_t global =
+      room(shared_.client_excess.load(std::memory_order_relaxed), shared_.max_client_bytes);
+  return std::min(own, free + global);
 }
 
 // Takes `extra` bytes of both budgets at once (the global one atomically, as sessions on other
 // loops take theirs), or nothing.
 bool Session::reserve(std::size_t extra) {
   if (extra > room(held_, shared_.max_connection_bytes)) return false;
-  const std::size_t before = shared_.client_bytes.fetch_add(extra, std::memory_order_relaxed);
-  if (before + extra > shared_.max_client_bytes) {
-    shared_.client_bytes.fetch_sub(extra, std::memory_order_relaxed);
+  const std::size_t more = excess(held_ + extra) - excess(held_);
+  const std::size_t before = shared_.client_excess.fetch_add(more, std::memory_order_relaxed);
+  if (more > 0 && before + more > shared_.max_client_bytes) {
+    shared_.client_excess.fetch_sub(more, std::memory_order_relaxed);
     return false;
   }
+  shared_.client_bytes.fetch_add(extra, std::memory_order_relaxed);
   held_ += extra;
   return true;
 }
@@ -144,8 +172,9 @@ void Session::over_budget(const std::string& what, std::size_t need) {
        "connection (" + std::to_string(held_) + " of " +
        std::to_string(shared_.max_connection_bytes) + " bytes held, ddprund " +
        "--max-connection-bytes) or of all connections (" +
-       std::to_string(shared_.client_bytes.load()) + " of " +
-       std::to_string(shared_.max_client_bytes) + ", --max-client-bytes)");
+       std::to_string(shared_.client_excess.load()) + " of " +
+       std::to_string(shared_.max_client_bytes) + " beyond each connection's first " +
+       std::to_string(kConnectionAllowance) + ", --max-client-bytes)");
 }
 
 // Arms the deadline when a request is left unfinished, re-arms it when a new one was started
@@ -264,9 +293,7 @@ bool Session::handle(const proto::Request& req) {
   woken_.clear();
   Millis now = needs_clock(req.op) ? shared_.now() : Millis(0);
   DispatchContext ctx{shared_.table, id_, now, status_prefix_, out_, woken_, {}};
-  ctx.max_reply = std::min(
-      room(held_, shared_.max_connection_bytes),
-      room(shared_.client_bytes.load(std::memory_order_relaxed), shared_.max_client_bytes));
+  ctx.max_reply = room_left();
   ctx.max_leases = shared_.max_leases_per_connection;
   Outcome outcome;
   std::vector<std::shared_ptr<Session>> wake;
@@ -288,8 +315,10 @@ bool Session::handle(const proto::Request& req) {
   if (outcome == Outcome::waiting) wait_pending_ = true;
   const std::size_t before = held_;
   account();
-  if (held_ > shared_.max_connection_bytes ||
-      shared_.client_bytes.load(std::memory_order_relaxed) > shared_.max_client_bytes) {
+  const bool over_global =
+      excess(held_) > excess(before) &&
+      shared_.client_excess.load(std::memory_order_relaxed) > shared_.max_client_bytes;
+  if (held_ > shared_.max_connection_bytes || over_global) {
     out_.resize(mark);
     out_.shrink_to_fit();
     account();

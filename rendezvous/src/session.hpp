@@ -30,6 +30,8 @@ struct SharedState {
   std::chrono::milliseconds frame_timeout{0};
   std::size_t max_leases_per_connection = 0;
   std::atomic<std::size_t> client_bytes{0};  // Session::held_ summed over every connection
+  // The same beyond each connection's allowance: what --max-client-bytes bounds.
+  std::atomic<std::size_t> client_excess{0};
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
   std::atomic<std::uint64_t> connections_open{0}, connections_total{0}, connections_refused{0},
       requests{0}, protocol_errors{0}, frame_timeouts{0}, over_budget{0};
@@ -38,7 +40,6 @@ struct SharedState {
     return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - epoch);
   }
 };
-
 
 // Wake-ups found under shared.mu: counts one for each woken session that still exists and
 // returns them; post_wakes() (no lock needed) makes each deliver its STOP_WAITING on its loop.
@@ -71,6 +72,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Memory accounting (docs/rendezvous.md "Budgets"): held_ = buffers + wait registration.
   void account();
   bool reserve(std::size_t extra);
+  std::size_t room_left() const;
   void over_budget(const std::string& what, std::size_t need);
   bool grow_input();
   void arm_frame_deadline(bool partial, bool progressed);

@@ -20,7 +20,7 @@ import pytest
 from conftest import BIN, peak_rss_mib, rlimits, wait_for
 
 MIB = 1 << 20
-STORE_BYTES, CONN_BYTES, CLIENT_BYTES = 64 * MIB, 16 * MIB, 64 * MIB
+STORE_BYTES, CONN_BYTES, CLIENT_BYTES = 64 * MIB, 56 * MIB, 128 * MIB
 OVERHEAD_MIB = 64  # binary, libraries, 2 event-loop threads, the table's hash nodes
 BUDGET_MIB = (STORE_BYTES + CLIENT_BYTES) / MIB + OVERHEAD_MIB
 STALL_MS = 1000  # a liveness bound, not a latency target: the figures are in reliability.md
@@ -173,33 +173,34 @@ def test_unfinished_huge_multi_set(ddprund):
     frame = VALIDATE + b"\x0b" + u64(7) + b"".join(s_(b"k%d" % i) + s_(b"x" * (8 * MIB)) for i in range(7))
     socks = [raw(d.port) for _ in range(4)]
     load = Load(d.port, 2)
-    senders = [threading.Thread(target=send_quietly, args=(s, frame[:40 * MIB])) for s in socks]
+    senders = [threading.Thread(target=send_quietly, args=(s, frame[:-1])) for s in socks]
     for t in senders:
         t.start()
     res = load.result()
     for t in senders:
         t.join(timeout=30)
     assert all(closed_by_server(s) for s in socks)
-    out = finish("4 clients each send 40 MiB of a 56 MiB MULTI_SET",
-                 "per-connection budget (16 MiB): the request is refused, the connection closed",
+    out = finish("4 clients each send all but the last byte of a 56 MiB MULTI_SET",
+                 "per-connection budget (56 MiB): the request is refused, the connection closed",
                  d, res)
     assert out.count("over the memory budget") == 4, out
 
 
 def test_wait_on_a_huge_key_list(ddprund):
-    """WAITs on 2000 keys of 4 KiB (an 8 MiB request whose registration would take 16 MiB)."""
+    """WAITs on 6000 keys of 4 KiB (a 24 MiB request whose registration would take 48 MiB)."""
     d = ddprund()
-    keys = [b"%04d" % i + b"w" * 4092 for i in range(2000)]
+    keys = [b"%04d" % i + b"w" * 4092 for i in range(6000)]
     frame = VALIDATE + b"\x06" + u64(len(keys)) + b"".join(s_(k) for k in keys)
     socks = [raw(d.port) for _ in range(4)]
     load = Load(d.port, 2)
-    for s in socks:
+    for s in socks:  # one at a time: each is refused before the next takes its 24 MiB
         send_quietly(s, frame)
+        assert closed_by_server(s)
     res = load.result()
     assert all(closed_by_server(s) for s in socks)
-    out = finish("4 clients WAIT on 2000 keys of 4 KiB",
+    out = finish("4 clients WAIT on 6000 keys of 4 KiB",
                  "per-connection budget: the wait's registration is counted", d, res)
-    assert out.count("WAIT on 2000 keys needs") == 4, out
+    assert out.count("WAIT on 6000 keys needs") == 4, out
 
 
 def test_lease_flood(ddprund):
