@@ -211,10 +211,7 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
     return;
   }
   if (ec) {
-    if (ec != asio::error::eof && ec != asio::error::operation_aborted &&
-        ec != asio::error::connection_reset) {
-      logger("rdzv").debug("connection {}: read failed: {}", peer(), ec.message());
-    }
+    logger("rdzv").debug("connection {}: read ended: {}", peer(), ec.message());
     close();
     return;
   }
@@ -388,6 +385,8 @@ void Session::flush() {
                       }
                       self->account();
                       if (ec) {
+                        logger("rdzv").debug("connection {}: write failed: {}", self->peer(),
+                                             ec.message());
                         self->close();
                         return;
                       }
