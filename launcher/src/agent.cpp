@@ -1,13 +1,11 @@
 // The agent's lifecycle (see agent.hpp): open or join the rendezvous store, then one loop turn
-// per rendezvous round: form the round, host or find the workers' store, start the workers,
-// and wait on one poll set for whatever comes first: a worker's exit (pidfd), a stop signal
-// (signalfd), the round's event posted by any node (EventWatcher's eventfd), or worker output.
+// per rendezvous round: form the round, host or find the workers' store, start the workers
+// (round_workers.hpp: a stop signal is seen between two forks), and wait on one poll set for
+// whatever comes first: a worker's exit (pidfd), a stop signal (signalfd), the round's event
+// posted by any node (EventWatcher's eventfd), or worker output; orphans are reaped on SIGCHLD.
 // Nothing waits on a timer, so a failure anywhere reaches every node within a round trip.
 #include "ddp/launch/agent.hpp"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -27,15 +25,20 @@
 #include <sstream>
 #include <thread>
 
+#include "ddp/launch/descendants.hpp"
 #include "ddp/launch/failure_report.hpp"
+#include "ddp/launch/limits.hpp"
 #include "ddp/launch/liveness.hpp"
 #include "ddp/launch/rank_assignment.hpp"
 #include "ddp/launch/rendezvous.hpp"
+#include "ddp/launch/round_workers.hpp"
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/launch/worker_group.hpp"
 #include "ddp/launch/worker_output.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/server.hpp"
+
+#include "agent_store.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -59,10 +62,12 @@ milliseconds seconds_setting(const std::map<std::string, std::string>& m, const 
   try {
     std::size_t used = 0;
     double v = std::stod(it->second, &used);
-    if (used != it->second.size() || v < 0) throw std::invalid_argument("x");
+    if (used != it->second.size() || !(v >= 0 && v <= kMaxSeconds))
+      throw std::invalid_argument("x");
     return milliseconds(static_cast<long>(v * 1000));
   } catch (const std::exception&) {
-    throw ConfigError(what + " '" + it->second + "' is not a number of seconds >= 0");
+    throw ConfigError(what + " '" + it->second + "' is not a number of seconds in [0, " +
+                      std::to_string(static_cast<int>(kMaxSeconds)) + "]");
   }
 }
 
@@ -85,110 +90,6 @@ milliseconds slurm_aware_grace(const std::map<std::string, std::string>& env) {
                  static_cast<double>(capped.count()) / 1000, kill_wait);
   }
   return capped;
-}
-
-std::string hostname() {
-  char buf[256] = {0};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
-// torch's is_host heuristic: the endpoint names this machine (a loopback name, the hostname,
-// or an address of one of its interfaces).
-bool names_this_machine(const std::string& host) {
-  if (is_loopback(host) || host == hostname()) return true;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  ifaddrs* ifs = nullptr;
-  bool match = false;
-  if (::getifaddrs(&ifs) == 0) {
-    for (auto* a = res; a && !match; a = a->ai_next) {
-      for (auto* i = ifs; i && !match; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != a->ai_family) continue;
-        if (a->ai_family == AF_INET) {
-          match = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
-                  reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
-        } else if (a->ai_family == AF_INET6) {
-          match = std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
-                              &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
-                              sizeof(in6_addr)) == 0;
-        }
-      }
-    }
-    ::freeifaddrs(ifs);
-  }
-  ::freeaddrinfo(res);
-  return match;
-}
-
-// The address a server binds for `host`: loopback stays loopback; anything else listens on
-// every interface, as torch's TCPStore does.
-std::string bind_address(const std::string& host) {
-  if (host == "localhost") return "127.0.0.1";
-  if (is_loopback(host)) return host;
-  return "0.0.0.0";
-}
-
-struct RendezvousStore {
-  std::unique_ptr<rdzv::StoreServer> server;  // when this agent hosts it
-  std::string host;                           // where to connect
-  std::uint16_t port = 0;
-  bool port_taken = false;  // we meant to host it, but something else holds the port
-};
-
-std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port) {
-  rdzv::ServerOptions so;
-  so.host = bind;
-  so.port = port;
-  so.threads = 1;
-  auto s = std::make_unique<rdzv::StoreServer>(so);
-  s->start();
-  return s;
-}
-
-RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
-  RendezvousStore rs;
-  if (config.standalone) {  // a private store on a free port: two jobs never collide
-    rs.server = start_server("127.0.0.1", 0);
-    rs.host = "127.0.0.1";
-    rs.port = rs.server->port();
-    return rs;
-  }
-  Endpoint ep = config.endpoint();
-  rs.host = ep.host;
-  rs.port = ep.port;
-  if (config.rdzv_backend == "static") {
-    if (config.node_rank != 0) return rs;
-    try {
-      rs.server = start_server(bind_address(ep.host), ep.port);
-    } catch (const Error& e) {
-      throw ConfigError("--node-rank=0 hosts the rendezvous store on " + ep.host + ":" +
-                        std::to_string(ep.port) + ", but " + e.what() +
-                        "; is another agent running with --node-rank=0, or another job on "
-                        "this --master-port?");
-    }
-    return rs;
-  }
-  auto it = config.rdzv_conf.find("is_host");
-  bool told = it != config.rdzv_conf.end();
-  bool is_host = told ? (it->second == "1" || it->second == "true" || it->second == "True")
-                      : names_this_machine(ep.host);
-  if (!is_host) return rs;
-  try {
-    rs.server = start_server(bind_address(ep.host), ep.port);
-  } catch (const Error&) {
-    if (told) throw;  // is_host=true: hosting is required
-    // Another agent of this job on this machine, a ddprund, or something else: told apart
-    // once connected (check_shared_store).
-    rs.port_taken = true;
-  }
-  return rs;
 }
 
 int make_signalfd(const std::vector<int>& signals) {
@@ -242,66 +143,9 @@ int read_signal(int sigfd) {
   return static_cast<int>(si.ssi_signo);
 }
 
-// Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
-// for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.
-// Returns null when a signal arrived (left unread for the caller).
-std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv::ClientOptions co,
-                                                 int sigfd) {
-  const auto give_up = std::chrono::steady_clock::now() + co.connect_timeout;
-  while (true) {
-    auto left =
-        std::chrono::duration_cast<milliseconds>(give_up - std::chrono::steady_clock::now());
-    auto slice = co;
-    slice.connect_timeout = std::clamp(left, milliseconds(1), milliseconds(1000));
-    try {
-      return std::make_unique<rdzv::StoreClient>(rs.host, rs.port, slice);
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("closed the connection") != std::string::npos) {
-        throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
-                          " answers, but it is not a ddprun store (a torchrun job's TCPStore "
-                          "on that port?); choose another --rdzv-endpoint port");
-      }
-      if (left <= milliseconds(1000)) {
-        throw IoError("cannot reach the rendezvous store at " + rs.host + ":" +
-                      std::to_string(rs.port) + " within the join timeout (" +
-                      std::to_string(co.connect_timeout.count() / 1000) + " s); is the node " +
-                      "that hosts it (node rank 0, or the endpoint's host) running? Last " +
-                      "error: " + e.what());
-      }
-    }
-    pollfd p{sigfd, POLLIN, 0};
-    if (::poll(&p, 1, 0) == 1) return nullptr;
-  }
-}
-
-// When this agent could not host the store because the port was taken: join only a store that
-// an agent of this job hosts, or a plain one (a ddprund); refuse another job's agent store
-// instead of silently joining that job (torch's fallback).
-void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,
-                        const RendezvousStore& rs) {
-  const std::string mine = "/ddprun/" + run_id + "/host";
-  // The agent that won the port writes its key right after binding; give it a moment.
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    if (store.check({mine})) return;  // an agent of this job hosts it
-    for (const auto& k : store.list_keys()) {
-      if (k.rfind("/ddprun/", 0) == 0 && k.size() > 13 &&
-          k.compare(k.size() - 5, 5, "/host") == 0) {
-        std::string other = k.substr(8, k.size() - 13);
-        throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
-                          " is the store of another job (run id '" + other + "', hosted by " +
-                          store.get(k) + "), not of run id '" + run_id +
-                          "'; choose a free --rdzv-endpoint port, or the same --rdzv-id if "
-                          "the two are one job");
-      }
-    }
-    std::this_thread::sleep_for(milliseconds(25));
-  }
-  // No agent hosts it: a plain store (a ddprund), shared by design.
-}
-
 // What ended one round's monitoring.
 struct Outcome {
-  enum class Kind { local_failure, signal, event, store_lost } kind;
+  enum class Kind { local_failure, signal, event, store_lost, spawn_error } kind;
   std::vector<Failure> failures;  // local_failure
   int signal = 0;
   RoundEvent event;
@@ -322,7 +166,7 @@ int resolve_nproc(const std::string& spec) {
   return std::stoi(spec);
 }
 
-int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
+int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentProcess& process) {
   const bool is_static = config.rdzv_backend == "static" && !config.standalone;
   if (is_static && config.min_nodes != config.max_nodes) {
     throw ConfigError("--nnodes=" + std::to_string(config.min_nodes) + ":" +
@@ -335,6 +179,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
                       "--nnodes=" + std::to_string(config.max_nodes));
   }
   const int nproc = resolve_nproc(config.nproc_per_node);
+  check_nproc(nproc, config, read_machine_limits());
   const auto grace = slurm_aware_grace(agent_env);
   RendezvousOptions ro;
   ro.run_id = config.rdzv_id;
@@ -368,7 +213,11 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
 
   // A console that went away (ddprun ... | head) must not kill the agent and its job.
   ::signal(SIGPIPE, SIG_IGN);
+  // A log file past RLIMIT_FSIZE fails with EFBIG (reported, the job goes on) instead.
+  ::signal(SIGXFSZ, SIG_IGN);
   const int sigfd = make_signalfd(config.signals_to_handle);
+  // Orphans of the workers' subtrees come to the agent (a subreaper): reaped as they exit.
+  const int chldfd = make_signalfd({SIGCHLD});
   // SIGUSR1/SIGUSR2 (Slurm's --signal=USR1@60: "checkpoint soon") go to the workers and the
   // job goes on; their default action would kill the agent. Listed in --signals-to-handle they
   // stop the job instead, as torchrun's do.
@@ -483,38 +332,39 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     g.role_world_size = round.role_world_size;
     g.restart_count = round.restart_count;
     g.run_id = config.rdzv_id;
-    g.attempt_dir = logs.make_attempt(round.restart_count, nproc);
+    g.attempt_dir = logs.make_attempt(round.restart_count);  // rank dirs: when spawned
 
     std::unique_ptr<EventWatcher> watcher;
     if (!solo) watcher = std::make_unique<EventWatcher>(rs.host, rs.port, rdzv.event_key(round));
     OutputPump pump;
-    std::vector<WorkerSpec> specs;
-    for (int r = 0; r < nproc; ++r) {
-      WorkerSpec spec{worker_argv(config, r, agent_env), worker_env(config, g, r, agent_env)};
-      const auto& f = config.local_ranks_filter;
-      bool shown = f.empty() || std::find(f.begin(), f.end(), r) != f.end();
-      PrefixVars pv{config.role, r, g.base_global_rank + r, g.group_rank, host};
-      pump.attach(spec, r, expand_prefix(prefix_template, pv), config.redirects.for_rank(r),
-                  config.tee.for_rank(r), shown,
-                  g.attempt_dir.empty() ? "" : g.attempt_dir + "/" + std::to_string(r));
-      specs.push_back(std::move(spec));
-    }
     // A SIGUSR1/2 that came while no worker ran (rendezvous, restart) is dropped: delivered now
     // it would reach the new workers before they can handle it, and kill them.
     while (int sig = read_signal(passfd)) {
       std::fprintf(stderr, "ddprun: signal %d (%s) came while no worker ran; dropped\n", sig,
                    strsignal(sig));
     }
-    WorkerGroup workers;
-    workers.start(specs);
-    pump.after_start();
+    WorkerGroup workers({process.inherited_fds, process.nofile_soft});
+    const SpawnResult spawned =
+        spawn_workers({config, g, agent_env, prefix_template, host, nproc}, pump, workers, sigfd);
 
     // Monitor until something ends the round for this node.
     Outcome out{};
     bool decided = false, finished = false;
+    if (!spawned.error.empty()) {
+      out.kind = Outcome::Kind::spawn_error;
+      out.error = spawned.error;
+      decided = true;
+    } else if (spawned.stop_signal) {
+      out.kind = Outcome::Kind::signal;
+      out.signal = read_signal(sigfd);
+      decided = out.signal != 0;
+    }
+    constexpr std::size_t kFixed = 4;  // sigfd, watcher, passfd, chldfd; then pidfds, outputs
     while (!decided) {
-      std::vector<pollfd> fds{
-          {sigfd, POLLIN, 0}, {watcher ? watcher->fd() : -1, POLLIN, 0}, {passfd, POLLIN, 0}};
+      std::vector<pollfd> fds{{sigfd, POLLIN, 0},
+                              {watcher ? watcher->fd() : -1, POLLIN, 0},
+                              {passfd, POLLIN, 0},
+                              {chldfd, POLLIN, 0}};
       const auto pidfds = workers.live_pidfds();
       for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
       const auto outs = pump.fds();
@@ -523,8 +373,13 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
         if (errno == EINTR) continue;
         throw IoError(std::string("poll failed: ") + std::strerror(errno));
       }
-      for (std::size_t i = 3 + pidfds.size(); i < fds.size(); ++i) {
+      for (std::size_t i = kFixed + pidfds.size(); i < fds.size(); ++i) {
         if (fds[i].revents != 0) pump.on_readable(fds[i].fd);
+      }
+      if (fds[3].revents != 0) {
+        while (read_signal(chldfd) != 0) {
+        }
+        reap_orphans(workers.pids());  // never a worker: WorkerGroup reaps those
       }
       if (fds[2].revents != 0) {
         if (int sig = read_signal(passfd); sig != 0) {
@@ -542,7 +397,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
         }
       }
       for (std::size_t i = 0; i < pidfds.size(); ++i) {
-        if (fds[3 + i].revents == 0) continue;
+        if (fds[kFixed + i].revents == 0) continue;
         WorkerExit e = workers.reap_pidfd(pidfds[i]);
         if (!e.failed()) continue;
         Failure f;
@@ -594,7 +449,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     if (out.kind == Outcome::Kind::signal) {
       std::fprintf(stderr, "ddprun: received signal %d (%s), forwarding it to the workers\n",
                    out.signal, strsignal(out.signal));
-      workers.stop(grace, out.signal);
+      stop_round(workers, grace, out.signal, process.watcher);
       pump.drain();
       RoundEvent ev;
       ev.kind = RoundEvent::Kind::signal;
@@ -609,7 +464,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
       return 128 + out.signal;
     }
     if (out.kind == Outcome::Kind::store_lost) {
-      workers.stop(grace);
+      stop_round(workers, grace, SIGTERM, process.watcher);
       pump.drain();
       std::fprintf(stderr,
                    "ddprun: lost the rendezvous store at %s:%u (%s); stopped the "
@@ -619,7 +474,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
     }
     RoundEvent ev = out.event;
     if (out.kind == Outcome::Kind::local_failure) {
-      workers.stop(grace);  // the others were stopped by us: not failures of their own
+      // The others were stopped by us: not failures of their own.
+      stop_round(workers, grace, SIGTERM, process.watcher);
       pump.drain();
       for (auto& f : out.failures) {
         if (!f.error_file.empty()) f.reported = read_error_file(f.error_file);
@@ -642,13 +498,33 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env) {
         depart();
         return exit_code_for(out.failures);
       }
+    } else if (out.kind == Outcome::Kind::spawn_error) {
+      // A failure of this node, as a worker's would be: every node stops, or restarts.
+      stop_round(workers, grace, SIGTERM, process.watcher);
+      pump.drain();
+      std::fprintf(stderr, "ddprun: %s; %s\n", out.error.c_str(),
+                   restarts_left ? "restarting" : "stopping the job");
+      RoundEvent ours;
+      ours.kind = RoundEvent::Kind::failure;
+      ours.host = host;
+      ours.group_rank = round.group_rank;
+      ours.local_rank = spawned.rank;
+      ours.global_rank = g.base_global_rank + spawned.rank;
+      ours.exit_code = 1;
+      ours.what = "its log directory or file could not be created";
+      ev = rdzv.end_round(round, ours, restarts_left);
+      if (!restarts_left) {
+        depart();
+        return 1;
+      }
     } else if (ev.kind == RoundEvent::Kind::done) {
       pump.drain();
+      clear_leftovers(process.watcher);
       depart();
       logs.remove_if_temporary();
       return 0;
     } else {
-      workers.stop(grace);
+      stop_round(workers, grace, SIGTERM, process.watcher);
       pump.drain();
     }
     // A failure or a stop elsewhere (or ours, with restarts left): the next round.

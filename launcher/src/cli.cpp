@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ddp/launch/config.hpp"
+#include "ddp/launch/limits.hpp"
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/proto/error.hpp"
 
@@ -26,6 +27,8 @@ struct Spec {
 constexpr Spec kSpecs[] = {
     {"nnodes", "--nnodes", false},
     {"nproc_per_node", "--nproc-per-node,--nproc_per_node", false},
+    // ddprun's own: the bound on workers per node, above the machine's default (limits.hpp).
+    {"max_nproc_per_node", "--max-nproc-per-node,--max_nproc_per_node", false},
     {"rdzv_backend", "--rdzv-backend,--rdzv_backend", false},
     {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", false},
     {"rdzv_id", "--rdzv-id,--rdzv_id", false},
@@ -81,6 +84,8 @@ int to_int(const std::string& text, const std::string& flag) {
   int v = 0;
   try {
     v = std::stoi(text, &used);
+  } catch (const std::out_of_range&) {
+    throw ConfigError(flag + ": '" + text + "' is out of range");
   } catch (const std::exception&) {
     used = 0;
   }
@@ -188,7 +193,13 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   c.redirects = parse_std(raw.at("redirects"), "--redirects");
   c.tee = parse_std(raw.at("tee"), "--tee");
   for (const auto& r : split(raw.at("local_ranks_filter"), ',')) {
-    if (!r.empty()) c.local_ranks_filter.push_back(to_int(r, "--local-ranks-filter"));
+    if (r.empty()) continue;
+    const int rank = to_int(r, "--local-ranks-filter");
+    auto& f = c.local_ranks_filter;
+    if (std::find(f.begin(), f.end(), rank) == f.end()) f.push_back(rank);
+  }
+  if (raw.at("max_nproc_per_node") != kUnset) {
+    c.max_nproc_per_node = to_int(raw.at("max_nproc_per_node"), "--max-nproc-per-node");
   }
   for (const auto& s : split(raw.at("signals_to_handle"), ',')) {
     std::string name = s;
@@ -334,7 +345,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                                             {"event_log_handler", "null"},
                                             {"logs_specs", ""},
                                             {"numa_binding", ""},
-                                            {"log_line_prefix_template", kUnset}};
+                                            {"log_line_prefix_template", kUnset},
+                                            {"max_nproc_per_node", kUnset}};
   CLI::App app{"ddprun: a torchrun-compatible launcher", "ddprun"};
   app.prefix_command();  // the first positional is the entrypoint; the rest are its arguments
   app.allow_extras(false);
@@ -347,7 +359,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
   auto text = [&](const Spec& s) {
     auto* o =
         app.add_option(s.names, raw[s.dest])->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    if (raw[s.dest] == kUnset) {
+    if (std::string(s.dest) == "max_nproc_per_node") {
+      o->description("the most workers per node; default min(1024, RLIMIT_NPROC/2, pid_max/16)");
+    } else if (raw[s.dest] == kUnset) {
       o->description("console prefix of worker lines; default [${role_name}${local_rank}]:");
     } else {
       o->capture_default_str();
@@ -443,6 +457,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
     validate_and_fill(c, raw, env);
     if (slurm.active) result.notice = apply_slurm(c, slurm, opts);
     (void)c.endpoint();  // reject a malformed endpoint now, not at rendezvous time
+    check_counts(c);
     result.config = std::move(c);
   } catch (const CLI::CallForHelp&) {
     result.message = app.help();

@@ -1,17 +1,22 @@
 // Spawning and reaping workers. fork+exec from the agent's main thread: the child joins a new
-// process group, asks for SIGKILL when its parent dies, and reports an exec failure through a
-// close-on-exec pipe. Exits are read from pidfds with poll(), so no exit waits for a timer.
+// process group, asks for SIGKILL when its parent dies, closes every fd but 0-2 and ddprun's
+// inherited ones (close_range), and reports an exec failure through a close-on-exec pipe.
+// Exits are read from pidfds with poll(), so no exit waits for a timer.
 #include "ddp/launch/worker_group.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -27,27 +32,77 @@ const char* signal_name(int sig) {
   return abbrev ? abbrev : "?";
 }
 
+// Closes every fd >= 3 but those in `keep` (sorted, each >= 3). Async-signal-safe.
+void close_fds_except(const std::vector<int>& keep, int fallback_max) {
+  auto close_from_to = [fallback_max](unsigned lo, unsigned hi) {
+    if (::syscall(SYS_close_range, lo, hi, 0) == 0) return;
+    for (unsigned fd = lo; fd <= hi && fd < static_cast<unsigned>(fallback_max); ++fd) {
+      ::close(static_cast<int>(fd));
+    }
+  };
+  unsigned lo = 3;
+  for (int k : keep) {
+    const auto fd = static_cast<unsigned>(k);
+    if (fd < lo) continue;
+    if (fd > lo) close_from_to(lo, fd - 1);
+    lo = fd + 1;
+  }
+  close_from_to(lo, ~0U);
+}
+
+struct ChildSetup {
+  pid_t parent;
+  int err_fd, out_fd, errout_fd;
+  const std::vector<int>* keep;  // sorted, err_fd included
+  int fallback_max;              // the highest fd to close one by one without close_range
+  long long nofile_soft;
+};
+
 // Runs in the child between fork and exec: only async-signal-safe calls.
 [[noreturn]] void exec_child(const std::vector<char*>& argv, const std::vector<char*>& envp,
-                             pid_t parent, int err_fd, int out_fd, int errout_fd) {
+                             const ChildSetup& c) {
   ::setpgid(0, 0);
-  if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
-  if (errout_fd >= 0) ::dup2(errout_fd, STDERR_FILENO);
+  if (c.out_fd >= 0) ::dup2(c.out_fd, STDOUT_FILENO);
+  if (c.errout_fd >= 0) ::dup2(c.errout_fd, STDERR_FILENO);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
+  if (::getppid() != c.parent) ::_exit(127);  // the agent died before prctl took effect
+  close_fds_except(*c.keep, c.fallback_max);
+  if (c.nofile_soft >= 0) {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+      rl.rlim_cur = static_cast<rlim_t>(c.nofile_soft);
+      ::setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
-  ::sigaction(SIGPIPE, &dfl, nullptr);  // the agent ignores it; exec would keep that
+  ::sigaction(SIGPIPE, &dfl, nullptr);  // the agent ignores these; exec would keep that
+  ::sigaction(SIGXFSZ, &dfl, nullptr);
   ::execvpe(argv[0], argv.data(), envp.data());
   int e = errno;
-  (void)!::write(err_fd, &e, sizeof(e));
+  (void)!::write(c.err_fd, &e, sizeof(e));
   ::_exit(127);
 }
 
 }  // namespace
+
+std::vector<int> list_open_fds() {
+  std::vector<int> out;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return out;
+  const int own = ::dirfd(d);
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd != own) out.push_back(fd);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 std::string WorkerExit::describe() const {
   if (signal != 0) return "Signal " + std::to_string(signal) + " (SIG" + signal_name(signal) + ")";
@@ -61,42 +116,56 @@ WorkerGroup::~WorkerGroup() {
   }
 }
 
+WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
+  auto& keep = options_.inherited_fds;
+  keep.erase(std::remove_if(keep.begin(), keep.end(), [](int fd) { return fd < 3; }), keep.end());
+  std::sort(keep.begin(), keep.end());
+}
+
 void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
-  pid_t self = ::getpid();
-  for (std::size_t rank = 0; rank < specs.size(); ++rank) {
-    const auto& spec = specs[rank];
-    if (spec.argv.empty()) throw ConfigError("worker " + std::to_string(rank) + ": empty command");
-    // Everything exec needs is built before fork.
-    std::vector<std::string> env_strings;
-    for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> argv, envp;
-    for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    int pipefd[2];
-    if (::pipe2(pipefd, O_CLOEXEC) != 0)
-      throw IoError("pipe2: " + std::string(std::strerror(errno)));
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      int e = errno;
-      ::close(pipefd[0]);
-      ::close(pipefd[1]);
-      stop(std::chrono::milliseconds(0), SIGKILL);
-      throw IoError("fork failed: " + std::string(std::strerror(e)));
-    }
-    if (pid == 0) exec_child(argv, envp, self, pipefd[1], spec.stdout_fd, spec.stderr_fd);
-    ::close(pipefd[1]);
-    ::setpgid(pid, pid);  // also from the parent, so the group exists before any killpg
-    int exec_errno = 0;
-    ssize_t n = ::read(pipefd[0], &exec_errno, sizeof(exec_errno));  // EOF once exec succeeds
+  for (const auto& spec : specs) spawn(spec);
+}
+
+void WorkerGroup::spawn(const WorkerSpec& spec) {
+  const std::size_t rank = workers_.size();
+  if (spec.argv.empty()) throw ConfigError("worker " + std::to_string(rank) + ": empty command");
+  // Everything exec needs is built before fork.
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> argv, envp;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) throw IoError("pipe2: " + std::string(std::strerror(errno)));
+  std::vector<int> keep = options_.inherited_fds;
+  keep.insert(std::upper_bound(keep.begin(), keep.end(), pipefd[1]), pipefd[1]);
+  rlimit nofile{};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
+  const int fallback_max = static_cast<int>(
+      std::min<rlim_t>(nofile.rlim_cur == RLIM_INFINITY ? 65536 : nofile.rlim_cur, 1 << 20));
+  const ChildSetup setup{::getpid(), pipefd[1],    spec.stdout_fd,      spec.stderr_fd,
+                         &keep,      fallback_max, options_.nofile_soft};
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
     ::close(pipefd[0]);
-    workers_.push_back({static_cast<int>(rank), pid, pidfd_open(pid), false});
-    if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
-      stop(std::chrono::milliseconds(0), SIGKILL);
-      throw ConfigError("cannot execute '" + spec.argv[0] + "' for local rank " +
-                        std::to_string(rank) + ": " + std::strerror(exec_errno));
-    }
+    ::close(pipefd[1]);
+    stop(std::chrono::milliseconds(0), SIGKILL);
+    throw IoError("fork failed: " + std::string(std::strerror(e)));
+  }
+  if (pid == 0) exec_child(argv, envp, setup);
+  ::close(pipefd[1]);
+  ::setpgid(pid, pid);  // also from the parent, so the group exists before any killpg
+  int exec_errno = 0;
+  ssize_t n = ::read(pipefd[0], &exec_errno, sizeof(exec_errno));  // EOF once exec succeeds
+  ::close(pipefd[0]);
+  workers_.push_back({static_cast<int>(rank), pid, pidfd_open(pid), false});
+  if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
+    stop(std::chrono::milliseconds(0), SIGKILL);
+    throw ConfigError("cannot execute '" + spec.argv[0] + "' for local rank " +
+                      std::to_string(rank) + ": " + std::strerror(exec_errno));
   }
 }
 

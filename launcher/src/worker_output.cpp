@@ -16,14 +16,18 @@ namespace ddp::launch {
 namespace fs = std::filesystem;
 namespace {
 
-void write_all(int fd, const char* p, std::size_t n) {
+// Returns 0, or the errno of the write that failed (a closed console loses output, never the
+// job; a full disk is reported by the caller).
+int write_all(int fd, const char* p, std::size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;  // a closed console loses output, never the job
+    if (w < 0) return errno;
+    if (w == 0) return EIO;
     p += w;
     n -= static_cast<std::size_t>(w);
   }
+  return 0;
 }
 
 std::string random_suffix() {
@@ -42,6 +46,10 @@ int open_log(const std::string& path) {
 }
 
 }  // namespace
+
+std::string line_cut_marker(std::size_t bytes) {
+  return "\xe2\x80\xa6[ddprun: line cut at " + std::to_string(bytes) + " bytes]";
+}
 
 std::string expand_prefix(const std::string& tmpl, const PrefixVars& v) {
   std::string out;
@@ -94,14 +102,21 @@ RunLogDir::RunLogDir(const std::string& log_dir, const std::string& run_id) {
   if (ec) throw IoError("cannot create the log directory " + root_ + ": " + ec.message());
 }
 
-std::string RunLogDir::make_attempt(int attempt, int nproc) const {
+std::string RunLogDir::make_attempt(int attempt) const {
   if (!enabled()) return "";
   std::string dir = root_ + "/attempt_" + std::to_string(attempt);
-  for (int r = 0; r < nproc; ++r) {
-    std::error_code ec;
-    fs::create_directories(dir + "/" + std::to_string(r), ec);
-    if (ec) throw IoError("cannot create the log directory " + dir + ": " + ec.message());
-  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError("cannot create the log directory " + dir + ": " + ec.message());
+  return dir;
+}
+
+std::string RunLogDir::make_rank_dir(const std::string& attempt_dir, int local_rank) {
+  if (attempt_dir.empty()) return "";
+  std::string dir = attempt_dir + "/" + std::to_string(local_rank);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError("cannot create the log directory " + dir + ": " + ec.message());
   return dir;
 }
 
@@ -111,8 +126,8 @@ void RunLogDir::remove_if_temporary() const {
   fs::remove_all(temp_base_, ec);
 }
 
-OutputPump::OutputPump(int console_out, int console_err)
-    : console_out_(console_out), console_err_(console_err) {}
+OutputPump::OutputPump(int console_out, int console_err, std::size_t max_line_bytes)
+    : console_out_(console_out), console_err_(console_err), max_line_(max_line_bytes) {}
 
 OutputPump::~OutputPump() {
   after_start();
@@ -125,16 +140,15 @@ int OutputPump::route(int local_rank, bool is_err, const std::string& prefix, bo
   const bool console = on_console && (!to_file || tee);
   const int console_fd = is_err ? console_err_ : console_out_;
   if (!to_file && console && prefix.empty()) return -1;  // inherit: nothing to add
-  int file_fd = to_file ? open_log(path) : -1;
-  if (!console) {
-    if (file_fd >= 0) {
-      child_ends_.push_back(file_fd);
-      return file_fd;
-    }
+  if (!console && !to_file) {
     int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd < 0) throw IoError(std::string("cannot open /dev/null: ") + std::strerror(errno));
     child_ends_.push_back(null_fd);
     return null_fd;
   }
+  // A file is written by the pump, never by the worker: a full disk then costs the file, not
+  // the worker's next print.
+  int file_fd = to_file ? open_log(path) : -1;
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
     if (file_fd >= 0) ::close(file_fd);
@@ -143,8 +157,9 @@ int OutputPump::route(int local_rank, bool is_err, const std::string& prefix, bo
   ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
   Stream s;
   s.read_fd = p[0];
-  s.console_fd = console_fd;
+  s.console_fd = console ? console_fd : -1;
   s.file_fd = file_fd;
+  s.file_path = path;
   s.prefix = prefix;
   streams_[p[0]] = std::move(s);
   child_ends_.push_back(p[1]);
@@ -186,31 +201,65 @@ bool OutputPump::pump(Stream& s) {
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
     if (n == 0) return false;
     const auto len = static_cast<std::size_t>(n);
-    if (s.file_fd >= 0) write_all(s.file_fd, buf, len);
-    if (s.console_fd < 0) continue;
-    s.pending.append(buf, len);
-    emit(s, /*all=*/false);
+    write_file(s, buf, len);
+    if (s.console_fd >= 0) {
+      s.pending.append(buf, len);
+      emit(s, /*all=*/false);
+    }
     if (len < sizeof(buf)) return true;
   }
 }
 
-// Writes the pending console text up to its last line end ('\n', or '\r' so progress bars
-// keep moving), with a prefix at every line start: one write per batch of whole lines.
+// A log file that fails (ENOSPC, EIO, EFBIG under RLIMIT_FSIZE) is named once on the agent's
+// stderr and closed: the rest of the stream goes to the console only (when it goes there).
+void OutputPump::write_file(Stream& s, const char* p, std::size_t n) {
+  if (s.file_fd < 0) return;
+  int err = write_all(s.file_fd, p, n);
+  if (err == 0) return;
+  std::string msg = "ddprun: cannot write the log file " + s.file_path + ": " + std::strerror(err) +
+                    "; the rest of this stream is not written to it" +
+                    (s.console_fd >= 0 ? " (the console still gets it)\n" : "\n");
+  write_all(console_err_, msg.data(), msg.size());
+  ::close(s.file_fd);
+  s.file_fd = -1;
+}
+
+// Writes the pending console text's whole lines (ending in '\n', or '\r' so progress bars
+// keep moving), each with the prefix, in one write per batch; an unfinished line waits for its
+// end, up to max_line_ bytes, where it is cut with a marker. `all` (at EOF) also writes an
+// unfinished line's text.
 void OutputPump::emit(Stream& s, bool all) {
-  auto cut = s.pending.find_last_of("\n\r");
-  std::size_t upto = all || s.pending.size() >= 4096 ? s.pending.size()
-                     : cut == std::string::npos      ? 0
-                                                     : cut + 1;
-  if (upto == 0) return;
+  const std::string& p = s.pending;
   std::string out;
-  out.reserve(upto + 64);
-  for (std::size_t i = 0; i < upto; ++i) {
-    if (s.at_line_start) out += s.prefix;
-    out.push_back(s.pending[i]);
-    s.at_line_start = s.pending[i] == '\n' || s.pending[i] == '\r';
+  std::size_t pos = 0;           // the start of the current line in pending
+  std::size_t from = s.scanned;  // where to look for its end
+  while (pos < p.size()) {
+    const auto end = p.find_first_of("\n\r", from);
+    if ((end == std::string::npos ? p.size() : end) - pos > max_line_) {
+      out += s.prefix;
+      out.append(p, pos, max_line_);
+      out += line_cut_marker(max_line_);
+      out.push_back('\n');
+      pos = from = pos + max_line_;
+      continue;
+    }
+    if (end == std::string::npos) {
+      if (all) {
+        out += s.prefix;
+        out.append(p, pos, std::string::npos);
+        pos = p.size();
+        s.at_line_start = false;
+      }
+      break;
+    }
+    out += s.prefix;
+    out.append(p, pos, end + 1 - pos);
+    pos = from = end + 1;
+    s.at_line_start = true;
   }
-  s.pending.erase(0, upto);
-  write_all(s.console_fd, out.data(), out.size());
+  s.pending.erase(0, pos);
+  s.scanned = s.pending.size();
+  if (!out.empty()) write_all(s.console_fd, out.data(), out.size());
 }
 
 void OutputPump::close_stream(Stream& s) {
@@ -219,6 +268,7 @@ void OutputPump::close_stream(Stream& s) {
   if (s.console_fd >= 0) emit(s, /*all=*/true);
   // A worker that died mid-line: end the line so the next output starts clean.
   if (!s.at_line_start && s.console_fd >= 0) write_all(s.console_fd, "\n", 1);
+  s.at_line_start = true;
   s.read_fd = s.file_fd = -1;
 }
 

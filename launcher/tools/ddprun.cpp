@@ -1,16 +1,41 @@
 // ddprun: the torchrun-compatible launcher. Parses torchrun's command line (and PET_*), then
 // runs the node's agent; the exit code carries the first failure's code or 128 + signal.
+// Before anything else it records the fds it inherited (the workers get those, no others),
+// becomes the subreaper of its subtree and forks the orphan watcher (descendants.hpp).
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 
 #include "ddp/launch/agent.hpp"
+#include "ddp/launch/descendants.hpp"
+#include "ddp/launch/round_workers.hpp"
 #include "ddp/launch/worker_env.hpp"
+#include "ddp/launch/worker_group.hpp"
 #include "ddp/proto/error.hpp"
 
 extern char** environ;
 
+namespace {
+
+// A node with many workers needs an fd or three per worker: the soft limit goes up to the hard
+// one for the agent; workers get the original back (WorkerGroup).
+long long raise_nofile() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == rl.rlim_max) return -1;
+  const auto soft = static_cast<long long>(rl.rlim_cur);
+  rl.rlim_cur = rl.rlim_max;
+  return ::setrlimit(RLIMIT_NOFILE, &rl) == 0 ? soft : -1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  ddp::launch::AgentProcess process;
+  process.inherited_fds = ddp::launch::list_open_fds();  // before ddprun opens any of its own
+  std::erase_if(process.inherited_fds, [](int fd) { return fd < 3; });
   ddp::launch::EnvMap env;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
@@ -23,6 +48,11 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   if (!parsed.notice.empty()) std::cerr << parsed.notice << "\n";
+  // Still one thread and no socket: the watcher starts with nothing of the agent's.
+  ddp::launch::become_subreaper();
+  int watcher_pipe = -1;
+  process.watcher = ddp::launch::start_watcher(&watcher_pipe);
+  process.nofile_soft = raise_nofile();
   // Unlike torchrun, a compiled program (ELF) needs no --no-python: python could not run it.
   auto& config = *parsed.config;
   // A bare name that is no file here but a program on PATH (`ddprun ddp-train ...`) is found
@@ -36,13 +66,18 @@ int main(int argc, char** argv) {
     }
     if (!program.empty() && ddp::launch::is_native_executable(program)) config.no_python = true;
   }
+  int rc = 1;
   try {
-    return ddp::launch::run_agent(config, env);
+    rc = ddp::launch::run_agent(config, env, process);
   } catch (const ddp::ConfigError& e) {
     std::cerr << "ddprun: " << e.what() << "\n";
-    return 2;
+    rc = 2;
   } catch (const std::exception& e) {
     std::cerr << "ddprun: " << e.what() << "\n";
-    return 1;
+    rc = 1;
   }
+  // Whatever a worker left behind goes with the agent (the workers are gone by now).
+  ddp::launch::clear_leftovers(process.watcher);
+  ddp::launch::stop_watcher(process.watcher, watcher_pipe);
+  return rc;
 }

@@ -1,6 +1,7 @@
 """ddprun as a user runs it on one node (issue 3 in progress): torchrun's environment, an
 unmodified PyTorch gloo job through init_process_group("env://"), exit codes, restarts,
-signal forwarding and the failure summary."""
+signal forwarding, the failure summary, a worker exiting 0 early (the job waits for the others,
+as torchrun's does), and the static backend on port 0 refused."""
 import os
 import signal
 import subprocess
@@ -118,3 +119,28 @@ def test_bad_flags_exit_2():
     p = ddprun("--log-line-prefix-template=${nodename}", "--standalone", "x.py")
     assert p.returncode == 2
     assert "unknown ${nodename}" in p.stderr
+
+
+def test_static_backend_on_port_0_is_an_error_not_a_hang():
+    p = ddprun("--rdzv-backend=static", "--master-port=0", "--no-python", "/bin/true",
+               timeout=30)
+    assert p.returncode == 2, p.stderr
+    assert "--master-port=0" in p.stderr and "static backend" in p.stderr
+
+
+def test_an_early_exit_0_waits_for_the_others():
+    start = time.monotonic()
+    p = ddprun("--standalone", "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
+               'if [ "$LOCAL_RANK" = 1 ]; then exit 0; fi; sleep 1; echo rank 0 done')
+    assert p.returncode == 0, p.stderr
+    assert time.monotonic() - start >= 1
+    assert "[default0]:rank 0 done" in p.stdout
+
+
+def test_an_early_exit_0_then_a_failure_fails_the_job():
+    p = ddprun("--standalone", "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
+               'if [ "$LOCAL_RANK" = 1 ]; then exit 0; fi; sleep 1; exit 3')
+    assert p.returncode == 3, p.stderr
+    assert "rank      : 0 (local_rank: 0)" in p.stderr
+    assert "exitcode  : 3" in p.stderr
+    assert "rank      : 1" not in p.stderr  # the early exit 0 is no failure

@@ -21,7 +21,7 @@ bool write_error_file(const std::string& path, const std::string& error_type,
         {"extraInfo", {{"py_callstack", trace}, {"timestamp", std::to_string(now)}}}}}};
   const std::string text = j.dump();
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  std::FILE* f = std::fopen(tmp.c_str(), "we");  // close-on-exec
   if (f == nullptr) return false;
   bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   ok = std::fclose(f) == 0 && ok;

@@ -1,8 +1,11 @@
 // ddprun's command line against torchrun 2.x's: every flag in both spellings, defaults, PET_*
-// environment defaults with the command line winning, and a clear exit-2 message for bad input.
+// environment defaults with the command line winning, and a clear exit-2 message for bad input,
+// sanity bounds on every count (limits.hpp, with the machine passed in) included.
 #include "ddp/launch/config.hpp"
 
 #include <catch2/catch.hpp>
+
+#include "ddp/launch/limits.hpp"
 #include <csignal>
 
 #include "ddp/proto/error.hpp"
@@ -226,4 +229,81 @@ TEST_CASE("help prints the options and exits 0", "[unit][launch]") {
   CHECK_FALSE(r.config.has_value());
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.message, Catch::Contains("--nproc-per-node"));
+}
+
+TEST_CASE("every count has a sanity bound, and the message names the flag", "[unit][launch]") {
+  CHECK_THAT(bad({"--nproc-per-node=10000000", "--no-python", "/bin/true"}),
+             Catch::Contains("--nproc-per-node=10000000"));
+  CHECK_THAT(bad({"--nproc-per-node=99999999999", "x"}),
+             Catch::Contains("--nproc-per-node") && Catch::Contains("out of range"));
+  CHECK_THAT(bad({"--nnodes=100000", "--rdzv-backend=c10d", "--rdzv-endpoint=h", "x"}),
+             Catch::Contains("--nnodes"));
+  CHECK_THAT(bad({"--nnodes=1:100000", "--rdzv-backend=c10d", "--rdzv-endpoint=h", "x"}),
+             Catch::Contains("--nnodes"));
+  CHECK_THAT(bad({"--node-rank=70000", "x"}), Catch::Contains("--node-rank"));
+  CHECK_THAT(bad({"--max-restarts=1000000", "x"}), Catch::Contains("--max-restarts"));
+  CHECK_THAT(bad({"--monitor-interval=1e12", "x"}), Catch::Contains("--monitor-interval"));
+  CHECK_THAT(bad({"--local-ranks-filter=0,70000", "x"}), Catch::Contains("--local-ranks-filter"));
+  CHECK_THAT(bad({"--local-ranks-filter=-1", "x"}), Catch::Contains("--local-ranks-filter"));
+  CHECK_THAT(bad({"--redirects=70000:1", "x"}), Catch::Contains("--redirects"));
+  CHECK_THAT(bad({"--tee=0:1,100000:2", "x"}), Catch::Contains("--tee"));
+  CHECK_THAT(bad({"--rdzv-conf=join_timeout=1e300", "x"}), Catch::Contains("join_timeout"));
+  CHECK_THAT(bad({"--rdzv-conf=last_call_timeout=-1", "x"}), Catch::Contains("last_call_timeout"));
+  CHECK_THAT(bad({"--rdzv-conf=read_timeout=nan", "x"}), Catch::Contains("read_timeout"));
+  CHECK_THAT(bad({"--rdzv-conf=keep_alive_interval=0", "x"}),
+             Catch::Contains("keep_alive_interval"));
+  CHECK_THAT(bad({"--rdzv-conf=keep_alive_max_attempt=100000", "x"}),
+             Catch::Contains("keep_alive_max_attempt"));
+  CHECK_THAT(bad({"--max-nproc-per-node=0", "x"}), Catch::Contains("--max-nproc-per-node"));
+  CHECK_THAT(bad({"--max-nproc-per-node=100000", "x"}), Catch::Contains("--max-nproc-per-node"));
+  CHECK_THAT(bad({"--max-nproc-per-node=4", "--nproc-per-node=5", "x"}),
+             Catch::Contains("--max-nproc-per-node=4"));
+  // Within the bounds, all is as before; the filter keeps each rank once.
+  auto c = ok({"--max-nproc-per-node=2048", "--nproc-per-node=2000", "--local-ranks-filter=1,1,0",
+               "--rdzv-conf=join_timeout=600,keep_alive_max_attempt=3", "x"});
+  CHECK(c.max_nproc_per_node == 2048);
+  CHECK(c.local_ranks_filter == std::vector<int>{1, 0});
+  CHECK(ok({"--max_nproc_per_node", "8", "x"}).max_nproc_per_node == 8);
+  CHECK_FALSE(ok({"x"}).max_nproc_per_node.has_value());
+  CHECK(ok({"x"}, {{"PET_MAX_NPROC_PER_NODE", "16"}}).max_nproc_per_node == 16);
+}
+
+TEST_CASE("the workers-per-node bound follows the machine", "[unit][launch]") {
+  MachineLimits big{-1, 4194304};  // no RLIMIT_NPROC, Linux's largest pid_max
+  CHECK(default_nproc_bound(big) == 1024);
+  CHECK(hard_nproc_bound(big) == 65536);
+  MachineLimits small{96, 32768};  // RLIMIT_NPROC 96
+  CHECK(default_nproc_bound(small) == 48);
+  CHECK(hard_nproc_bound(small) == 96);
+  MachineLimits pids{-1, 8192};  // pid_max 8192
+  CHECK(default_nproc_bound(pids) == 512);
+  CHECK(hard_nproc_bound(pids) == 4096);
+  CHECK(default_nproc_bound({1, 100}) == 1);  // never below one worker
+  CHECK(hard_nproc_bound({1, 100}) == 1);
+
+  LaunchConfig c;
+  CHECK_NOTHROW(check_nproc(1024, c, big));
+  CHECK_THROWS_WITH(check_nproc(1025, c, big), Catch::Contains("--nproc-per-node=1025") &&
+                                                   Catch::Contains("--max-nproc-per-node"));
+  CHECK_THROWS_AS(check_nproc(49, c, small), ddp::ConfigError);
+  c.max_nproc_per_node = 96;  // raised up to the hard bound
+  CHECK_NOTHROW(check_nproc(96, c, small));
+  CHECK_THROWS_WITH(check_nproc(97, c, small), Catch::Contains("--max-nproc-per-node=96"));
+  c.max_nproc_per_node = 97;  // above the machine's hard bound
+  CHECK_THROWS_WITH(check_nproc(10, c, small),
+                    Catch::Contains("--max-nproc-per-node=97") && Catch::Contains("hard bound"));
+  c.max_nproc_per_node = 65536;
+  c.max_nodes = 65536;  // 2^32 workers in all: more than the world size allows
+  CHECK_THROWS_WITH(check_nproc(65536, c, big), Catch::Contains("workers in all"));
+}
+
+TEST_CASE("the static backend on port 0 is an error, not a silent hang", "[unit][launch]") {
+  CHECK_THAT(bad({"--rdzv-backend=static", "--master-port=0", "x"}),
+             Catch::Contains("--master-port=0") && Catch::Contains("static"));
+  CHECK_THAT(bad({"--master-port=0", "--nnodes=2", "--node-rank=1", "x"}),
+             Catch::Contains("--master-port=0"));
+  CHECK_THAT(bad({"--rdzv-endpoint=127.0.0.1:0", "x"}),
+             Catch::Contains("--rdzv-endpoint=127.0.0.1:0"));
+  CHECK(ok({"--standalone", "--master-port=0", "x"}).rdzv_backend == "c10d");  // a free port
+  CHECK(ok({"--rdzv-backend=static", "--master-port=29501", "x"}).endpoint().port == 29501);
 }

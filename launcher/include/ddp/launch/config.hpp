@@ -30,6 +30,8 @@ struct LaunchConfig {
   int min_nodes = 1;
   int max_nodes = 1;
   std::string nproc_per_node = "1";  // an integer, or cpu | gpu | auto (resolved at launch)
+  // --max-nproc-per-node: raises the bound on workers per node (limits.hpp); unset: default.
+  std::optional<int> max_nproc_per_node;
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;  // as given; see endpoint()
   std::string rdzv_id = "none";

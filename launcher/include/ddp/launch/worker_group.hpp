@@ -1,6 +1,8 @@
 // WorkerGroup: the local worker processes of one attempt. Each worker runs in its own process
 // group (signals reach its children too) and dies with the agent (PR_SET_PDEATHSIG). Exits are
-// seen through pidfds, so waiting is event-driven, not a polling sleep.
+// seen through pidfds, so waiting is event-driven, not a polling sleep. A worker inherits only
+// fds 0-2 and the ones ddprun itself inherited (Options::inherited_fds): every other fd of the
+// agent (store sockets, pipes of other workers) is closed between fork and exec.
 #pragma once
 
 #include <sys/types.h>
@@ -21,6 +23,9 @@ struct WorkerSpec {
   int stderr_fd = -1;
 };
 
+// The fds open in this process now (for main(), before it opens any: what ddprun inherited).
+std::vector<int> list_open_fds();
+
 struct WorkerExit {
   int local_rank = -1;
   pid_t pid = -1;
@@ -34,7 +39,14 @@ struct WorkerExit {
 
 class WorkerGroup {
  public:
+  struct Options {
+    // fds >= 3 that workers keep (those ddprun got from its parent); all others are closed.
+    std::vector<int> inherited_fds;
+    // RLIMIT_NOFILE's soft limit to give back to workers (the agent raises its own); -1: as is.
+    long long nofile_soft = -1;
+  };
   WorkerGroup() = default;
+  explicit WorkerGroup(Options options);
   ~WorkerGroup();  // kills and reaps whatever still runs
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -42,6 +54,8 @@ class WorkerGroup {
   // Starts one process per spec, local rank = index. Throws ddp::ConfigError naming the
   // program when it cannot be executed (the other workers are then stopped).
   void start(const std::vector<WorkerSpec>& specs);
+  // Starts one more worker, local rank = the number started before. Throws as start() does.
+  void spawn(const WorkerSpec& spec);
 
   // The next worker to exit, or nullopt if none did before `timeout`.
   std::optional<WorkerExit> wait_any(std::chrono::milliseconds timeout);
@@ -69,6 +83,7 @@ class WorkerGroup {
     bool done;
   };
   WorkerExit reap(Worker& w);
+  Options options_;
   std::vector<Worker> workers_;
 };
 

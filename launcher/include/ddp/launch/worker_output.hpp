@@ -3,9 +3,12 @@
 // its -r/--redirects (file only) and -t/--tee (file and console), --local-ranks-filter (which
 // ranks reach the console), and ddprun's line prefix on the console, by default torchrun's
 // "[<role><local_rank>]:". Console lines pass through the agent's event loop (OutputPump),
-// written one whole line per write so lines of different workers never interleave.
+// assembled per worker up to kMaxLineBytes and written whole, so lines of different workers
+// never interleave; a longer line is cut with a visible marker. Log files are written by the
+// pump too: a full disk (ENOSPC, EIO, EFBIG) is reported once per file and the job goes on.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,6 +33,13 @@ std::string expand_prefix(const std::string& tmpl, const PrefixVars& vars);
 
 inline constexpr const char* kDefaultPrefixTemplate = "[${role_name}${local_rank}]:";
 
+// The longest console line the agent assembles for a worker. A longer one is written as its
+// first kMaxLineBytes bytes, then line_cut_marker() and a newline; the rest continues as a new
+// prefixed line. The agent holds at most this much (plus one read) per pumped stream.
+inline constexpr std::size_t kMaxLineBytes = std::size_t{4} << 20;
+// "…[ddprun: line cut at N bytes]" (no newline).
+std::string line_cut_marker(std::size_t bytes);
+
 // The run's log directory. An empty log_dir gives a fresh temporary one (torchrun's
 // mkdtemp("torchelastic_")), "/dev/null" disables files (and error files) as in torchrun.
 class RunLogDir {
@@ -38,8 +48,11 @@ class RunLogDir {
   bool enabled() const { return !root_.empty(); }
   bool temporary() const { return temporary_; }
   const std::string& root() const { return root_; }
-  // <root>/attempt_<n>, with one directory per local rank inside; "" when disabled.
-  std::string make_attempt(int attempt, int nproc) const;
+  // Creates <root>/attempt_<n> and returns it; "" when disabled. Throws ddp::IoError.
+  std::string make_attempt(int attempt) const;
+  // Creates <attempt_dir>/<local_rank> (made when that rank is spawned, not before) and returns
+  // it; "" when attempt_dir is "". Throws ddp::IoError naming the directory.
+  static std::string make_rank_dir(const std::string& attempt_dir, int local_rank);
   // Removes the temporary directory (a --log-dir given by the user is never removed).
   void remove_if_temporary() const;
 
@@ -51,13 +64,18 @@ class RunLogDir {
 
 class OutputPump {
  public:
-  OutputPump(int console_out = 1, int console_err = 2);
+  // console_err also gets the pump's own warnings (a log file that cannot be written).
+  explicit OutputPump(int console_out = 1, int console_err = 2,
+                      std::size_t max_line_bytes = kMaxLineBytes);
   ~OutputPump();
   OutputPump(const OutputPump&) = delete;
   OutputPump& operator=(const OutputPump&) = delete;
 
   // Decides where local rank's streams go and sets spec.stdout_fd / stderr_fd. rank_dir is
-  // "<attempt>/<local_rank>" ("" when files are disabled); prefix "" means raw lines.
+  // "<attempt>/<local_rank>" ("" when files are disabled); prefix "" means raw lines. With an
+  // empty prefix, the console only and no file, the worker gets the agent's own fd (a terminal
+  // stays a terminal; its lines can then interleave, as under torchrun). Throws ddp::IoError
+  // when a log file cannot be created.
   void attach(WorkerSpec& spec, int local_rank, const std::string& prefix, Std redirect, Std tee,
               bool on_console, const std::string& rank_dir);
   // Closes the agent's copies of the workers' ends; call after WorkerGroup::start.
@@ -71,9 +89,11 @@ class OutputPump {
   struct Stream {
     int read_fd = -1;
     int console_fd = -1;  // -1: not shown
-    int file_fd = -1;     // -1: no file
+    int file_fd = -1;     // -1: no file (or no longer: it failed)
+    std::string file_path;
     std::string prefix;
-    std::string pending;  // console text not yet written (an unfinished line)
+    std::string pending;      // console text not yet written: the start of a line
+    std::size_t scanned = 0;  // bytes of pending known to hold no line end
     bool at_line_start = true;
   };
   // Returns the fd the worker should write to for one stream.
@@ -81,9 +101,11 @@ class OutputPump {
             bool on_console, const std::string& path);
   bool pump(Stream& s);  // false at EOF
   void emit(Stream& s, bool all);
+  void write_file(Stream& s, const char* p, std::size_t n);
   void close_stream(Stream& s);
 
   int console_out_, console_err_;
+  std::size_t max_line_;
   std::map<int, Stream> streams_;  // by read fd
   std::vector<int> child_ends_;
 };

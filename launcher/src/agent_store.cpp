@@ -1,0 +1,178 @@
+// The agent's rendezvous store (see agent_store.hpp): host it, connect to it, check it.
+#include "agent_store.hpp"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+namespace {
+
+using std::chrono::milliseconds;
+
+// torch's is_host heuristic: the endpoint names this machine (a loopback name, the hostname,
+// or an address of one of its interfaces).
+bool names_this_machine(const std::string& host) {
+  if (is_loopback(host) || host == hostname()) return true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  ifaddrs* ifs = nullptr;
+  bool match = false;
+  if (::getifaddrs(&ifs) == 0) {
+    for (auto* a = res; a && !match; a = a->ai_next) {
+      for (auto* i = ifs; i && !match; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != a->ai_family) continue;
+        if (a->ai_family == AF_INET) {
+          match = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
+                  reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+        } else if (a->ai_family == AF_INET6) {
+          match = std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
+                              &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                              sizeof(in6_addr)) == 0;
+        }
+      }
+    }
+    ::freeifaddrs(ifs);
+  }
+  ::freeaddrinfo(res);
+  return match;
+}
+
+}  // namespace
+
+std::string hostname() {
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The address a server binds for `host`: loopback stays loopback; anything else listens on
+// every interface, as torch's TCPStore does.
+std::string bind_address(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  if (is_loopback(host)) return host;
+  return "0.0.0.0";
+}
+
+std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port) {
+  rdzv::ServerOptions so;
+  so.host = bind;
+  so.port = port;
+  so.threads = 1;
+  auto s = std::make_unique<rdzv::StoreServer>(so);
+  s->start();
+  return s;
+}
+
+RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
+  RendezvousStore rs;
+  if (config.standalone) {  // a private store on a free port: two jobs never collide
+    rs.server = start_server("127.0.0.1", 0);
+    rs.host = "127.0.0.1";
+    rs.port = rs.server->port();
+    return rs;
+  }
+  Endpoint ep = config.endpoint();
+  rs.host = ep.host;
+  rs.port = ep.port;
+  if (config.rdzv_backend == "static") {
+    if (config.node_rank != 0) return rs;
+    try {
+      rs.server = start_server(bind_address(ep.host), ep.port);
+    } catch (const Error& e) {
+      throw ConfigError("--node-rank=0 hosts the rendezvous store on " + ep.host + ":" +
+                        std::to_string(ep.port) + ", but " + e.what() +
+                        "; is another agent running with --node-rank=0, or another job on "
+                        "this --master-port?");
+    }
+    return rs;
+  }
+  auto it = config.rdzv_conf.find("is_host");
+  bool told = it != config.rdzv_conf.end();
+  bool is_host = told ? (it->second == "1" || it->second == "true" || it->second == "True")
+                      : names_this_machine(ep.host);
+  if (!is_host) return rs;
+  try {
+    rs.server = start_server(bind_address(ep.host), ep.port);
+  } catch (const Error&) {
+    if (told) throw;  // is_host=true: hosting is required
+    // Another agent of this job on this machine, a ddprund, or something else: told apart
+    // once connected (check_shared_store).
+    rs.port_taken = true;
+  }
+  return rs;
+}
+
+// Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
+// for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.
+// Returns null when a signal arrived (left unread for the caller).
+std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv::ClientOptions co,
+                                                 int sigfd) {
+  const auto give_up = std::chrono::steady_clock::now() + co.connect_timeout;
+  while (true) {
+    auto left =
+        std::chrono::duration_cast<milliseconds>(give_up - std::chrono::steady_clock::now());
+    auto slice = co;
+    slice.connect_timeout = std::clamp(left, milliseconds(1), milliseconds(1000));
+    try {
+      return std::make_unique<rdzv::StoreClient>(rs.host, rs.port, slice);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("closed the connection") != std::string::npos) {
+        throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
+                          " answers, but it is not a ddprun store (a torchrun job's TCPStore "
+                          "on that port?); choose another --rdzv-endpoint port");
+      }
+      if (left <= milliseconds(1000)) {
+        throw IoError("cannot reach the rendezvous store at " + rs.host + ":" +
+                      std::to_string(rs.port) + " within the join timeout (" +
+                      std::to_string(co.connect_timeout.count() / 1000) + " s); is the node " +
+                      "that hosts it (node rank 0, or the endpoint's host) running? Last " +
+                      "error: " + e.what());
+      }
+    }
+    pollfd p{sigfd, POLLIN, 0};
+    if (::poll(&p, 1, 0) == 1) return nullptr;
+  }
+}
+
+// When this agent could not host the store because the port was taken: join only a store that
+// an agent of this job hosts, or a plain one (a ddprund); refuse another job's agent store
+// instead of silently joining that job (torch's fallback).
+void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,
+                        const RendezvousStore& rs) {
+  const std::string mine = "/ddprun/" + run_id + "/host";
+  // The agent that won the port writes its key right after binding; give it a moment.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    if (store.check({mine})) return;  // an agent of this job hosts it
+    for (const auto& k : store.list_keys()) {
+      if (k.rfind("/ddprun/", 0) == 0 && k.size() > 13 &&
+          k.compare(k.size() - 5, 5, "/host") == 0) {
+        std::string other = k.substr(8, k.size() - 13);
+        throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
+                          " is the store of another job (run id '" + other + "', hosted by " +
+                          store.get(k) + "), not of run id '" + run_id +
+                          "'; choose a free --rdzv-endpoint port, or the same --rdzv-id if "
+                          "the two are one job");
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(25));
+  }
+  // No agent hosts it: a plain store (a ddprund), shared by design.
+}
+
+}  // namespace ddp::launch

@@ -1,0 +1,44 @@
+// The agent's rendezvous store: hosting it (--standalone, node rank 0 of a static job, or the
+// endpoint's host for c10d, torch's is_host heuristic), connecting to it while a stop signal
+// can still end the wait, and refusing another job's agent store. Private to the launcher.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ddp/launch/config.hpp"
+#include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/server.hpp"
+
+namespace ddp::launch {
+
+std::string hostname();
+bool is_loopback(const std::string& host);
+
+// The address a server binds for `host`: loopback stays loopback; anything else listens on
+// every interface, as torch's TCPStore does.
+std::string bind_address(const std::string& host);
+
+struct RendezvousStore {
+  std::unique_ptr<rdzv::StoreServer> server;  // when this agent hosts it
+  std::string host;                           // where to connect
+  std::uint16_t port = 0;
+  bool port_taken = false;  // we meant to host it, but something else holds the port
+};
+
+std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port);
+RendezvousStore open_rendezvous_store(const LaunchConfig& config);
+
+// Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
+// for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.
+// Returns null when a signal arrived on `sigfd` (left unread for the caller).
+std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv::ClientOptions co,
+                                                 int sigfd);
+
+// When this agent could not host the store because the port was taken: join only a store that
+// an agent of this job hosts, or a plain one (a ddprund); refuse another job's agent store.
+void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,
+                        const RendezvousStore& rs);
+
+}  // namespace ddp::launch

@@ -1,0 +1,58 @@
+// Starting one round's workers one by one, and stopping everything below the agent (see
+// round_workers.hpp).
+#include "ddp/launch/round_workers.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "ddp/launch/descendants.hpp"
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+
+SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& workers,
+                          int sigfd) {
+  SpawnResult result;
+  const auto& f = plan.config.local_ranks_filter;
+  for (int r = 0; r < plan.nproc; ++r) {
+    pollfd p{sigfd, POLLIN, 0};
+    if (::poll(&p, 1, 0) == 1) {
+      result.stop_signal = true;
+      return result;
+    }
+    WorkerSpec spec{worker_argv(plan.config, r, plan.agent_env),
+                    worker_env(plan.config, plan.group, r, plan.agent_env)};
+    const bool shown = f.empty() || std::find(f.begin(), f.end(), r) != f.end();
+    PrefixVars pv{plan.config.role, r, plan.group.base_global_rank + r, plan.group.group_rank,
+                  plan.host};
+    try {
+      const std::string rank_dir = RunLogDir::make_rank_dir(plan.group.attempt_dir, r);
+      pump.attach(spec, r, expand_prefix(plan.prefix_template, pv),
+                  plan.config.redirects.for_rank(r), plan.config.tee.for_rank(r), shown, rank_dir);
+    } catch (const IoError& e) {
+      pump.after_start();
+      result.error = e.what();
+      result.rank = r;
+      return result;
+    }
+    workers.spawn(spec);
+    pump.after_start();  // the worker holds its ends now
+  }
+  return result;
+}
+
+void stop_round(WorkerGroup& workers, std::chrono::milliseconds grace, int sig, pid_t watcher) {
+  signal_descendants(sig, workers.pids(), watcher);
+  workers.stop(grace, sig);
+  clear_leftovers(watcher);
+}
+
+void clear_leftovers(pid_t watcher) {
+  kill_tree(::getpid(), {}, watcher);
+  reap_orphans({});
+}
+
+}  // namespace ddp::launch
