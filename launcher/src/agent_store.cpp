@@ -118,35 +118,26 @@ RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
   return rs;
 }
 
-// Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
-// for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.
-// Returns null when a signal arrived (left unread for the caller).
+// Connects to the rendezvous store, which may not be up yet (another node hosts it): the one
+// dialer retries for up to co.connect_timeout and gives up at once when a stop signal makes
+// sigfd readable. Returns null then (the signal is left unread for the caller).
 std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv::ClientOptions co,
                                                  int sigfd) {
-  const auto give_up = std::chrono::steady_clock::now() + co.connect_timeout;
-  while (true) {
-    auto left =
-        std::chrono::duration_cast<milliseconds>(give_up - std::chrono::steady_clock::now());
-    auto slice = co;
-    slice.connect_timeout = std::clamp(left, milliseconds(1), milliseconds(1000));
-    try {
-      return std::make_unique<rdzv::StoreClient>(rs.host, rs.port, slice);
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("closed the connection") != std::string::npos) {
-        throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
-                          " answers, but it is not a ddprun store (a torchrun job's TCPStore "
-                          "on that port?); choose another --rdzv-endpoint port");
-      }
-      if (left <= milliseconds(1000)) {
-        throw IoError("cannot reach the rendezvous store at " + rs.host + ":" +
-                      std::to_string(rs.port) + " within the join timeout (" +
-                      std::to_string(co.connect_timeout.count() / 1000) + " s); is the node " +
-                      "that hosts it (node rank 0, or the endpoint's host) running? Last " +
-                      "error: " + e.what());
-      }
-    }
+  co.cancel_fd = sigfd;
+  const rdzv::Endpoint ep{rs.host, rs.port};
+  try {
+    return std::make_unique<rdzv::StoreClient>(ep, co);
+  } catch (const ProtocolError&) {
+    throw ConfigError("the rendezvous endpoint " + ep.str() +
+                      " answers, but it is not a ddprun store (a torchrun job's TCPStore on that "
+                      "port?); choose another --rdzv-endpoint port");
+  } catch (const IoError& e) {
     pollfd p{sigfd, POLLIN, 0};
     if (::poll(&p, 1, 0) == 1) return nullptr;
+    throw IoError(
+        "cannot reach the rendezvous store at " + ep.str() + " within the join timeout (" +
+        std::to_string(co.connect_timeout.count() / 1000) + " s); is the node that " +
+        "hosts it (node rank 0, or the endpoint's host) running? Last error: " + e.what());
   }
 }
 

@@ -295,42 +295,14 @@ Std StdSpec::for_rank(int local_rank) const {
   return it == per_rank.end() ? Std::none : it->second;
 }
 
-Endpoint parse_endpoint(const std::string& text, std::uint16_t default_port) {
-  Endpoint ep;
-  std::string port;
-  if (!text.empty() && text.front() == '[') {
-    auto close = text.find(']');
-    if (close == std::string::npos) throw ConfigError("endpoint '" + text + "': missing ']'");
-    ep.host = text.substr(1, close - 1);
-    if (close + 1 < text.size()) {
-      if (text[close + 1] != ':')
-        throw ConfigError("endpoint '" + text + "': expected ':' after ']'");
-      port = text.substr(close + 2);
-    }
-  } else if (std::count(text.begin(), text.end(), ':') == 1) {
-    auto colon = text.find(':');
-    ep.host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-  } else {
-    ep.host = text;  // a bare host, or a bare IPv6 address
-  }
-  if (ep.host.empty()) throw ConfigError("endpoint '" + text + "': no host");
-  ep.port = default_port;
-  if (!port.empty()) {
-    int p = to_int(port, "endpoint '" + text + "'");
-    if (p < 0 || p > 65535) throw ConfigError("endpoint '" + text + "': port out of range");
-    ep.port = static_cast<std::uint16_t>(p);
-  }
-  return ep;
-}
-
-Endpoint LaunchConfig::endpoint() const {
-  if (rdzv_endpoint.empty()) {
-    if (rdzv_backend == "static") return {master_addr, master_port};
-    throw ConfigError("--rdzv-endpoint is required for --rdzv-backend=" + rdzv_backend +
+Endpoint resolve_endpoint(const LaunchConfig& c) {
+  if (c.rdzv_endpoint.empty()) {
+    if (c.rdzv_backend == "static") return {c.master_addr, c.master_port};
+    throw ConfigError("--rdzv-endpoint is required for --rdzv-backend=" + c.rdzv_backend +
                       " (or use --standalone)");
   }
-  return parse_endpoint(rdzv_endpoint, rdzv_backend == "c10d" ? 29400 : master_port);
+  return parse_endpoint(c.rdzv_endpoint, c.rdzv_backend == "c10d" ? 29400 : c.master_port,
+                        "--rdzv-endpoint");
 }
 
 ParseResult parse_launch_args(const std::vector<std::string>& argv,
@@ -456,7 +428,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
     }
     validate_and_fill(c, raw, env);
     if (slurm.active) result.notice = apply_slurm(c, slurm, opts);
-    (void)c.endpoint();  // reject a malformed endpoint now, not at rendezvous time
+    c.rdzv = resolve_endpoint(c);  // the one parse: a malformed endpoint fails now
     check_counts(c);
     result.config = std::move(c);
   } catch (const CLI::CallForHelp&) {

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
@@ -262,7 +263,20 @@ namespace {
 
 }  // namespace
 
-pid_t start_watcher(int* pipe_fd) {
+namespace {
+// Overwrites the argument area (argv[0] .. the end of the last argument, contiguous) so that
+// /proc/<pid>/cmdline names the watcher. The agent's own copy is untouched (fork: copy on write).
+void rename_cmdline(int argc, char** argv) {
+  if (argc <= 0 || argv == nullptr || argv[0] == nullptr) return;
+  char* begin = argv[0];
+  char* end = argv[argc - 1] + std::strlen(argv[argc - 1]);
+  const char name[] = "ddprun-watcher";
+  std::memset(begin, 0, static_cast<std::size_t>(end - begin));
+  std::memcpy(begin, name, std::min(sizeof(name) - 1, static_cast<std::size_t>(end - begin)));
+}
+}  // namespace
+
+pid_t start_watcher(int* pipe_fd, int argc, char** argv) {
   *pipe_fd = -1;
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return -1;
@@ -275,6 +289,7 @@ pid_t start_watcher(int* pipe_fd) {
   }
   if (pid == 0) {
     ::close(p[1]);
+    rename_cmdline(argc, argv);
     watch(agent, p[0]);
   }
   ::close(p[0]);

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   // Still one thread and no socket: the watcher starts with nothing of the agent's.
   ddp::launch::become_subreaper();
   int watcher_pipe = -1;
-  process.watcher = ddp::launch::start_watcher(&watcher_pipe);
+  process.watcher = ddp::launch::start_watcher(&watcher_pipe, argc, argv);
   process.nofile_soft = raise_nofile();
   // Unlike torchrun, a compiled program (ELF) needs no --no-python: python could not run it.
   auto& config = *parsed.config;

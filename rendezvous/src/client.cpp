@@ -15,7 +15,6 @@
 #include <cstring>
 #include <functional>
 #include <random>
-#include <thread>
 
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/opcodes.hpp"
@@ -41,8 +40,9 @@ int remaining_ms(Clock::time_point deadline) {
   return static_cast<int>(std::max<std::int64_t>(0, left.count()));
 }
 
-// One non-blocking connect attempt to `ai`, bounded by `deadline`. Returns the fd or -1.
-int try_connect(const addrinfo* ai, Clock::time_point deadline, std::string& err) {
+// One non-blocking connect attempt to `ai`, bounded by `deadline` and `cancel_fd`. Returns the
+// fd, or -1 (err says why).
+int try_connect(const addrinfo* ai, Clock::time_point deadline, int cancel_fd, std::string& err) {
   int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
   if (fd < 0) {
     err = std::strerror(errno);
@@ -53,8 +53,13 @@ int try_connect(const addrinfo* ai, Clock::time_point deadline, std::string& err
     ::close(fd);
     return -1;
   }
-  pollfd p{fd, POLLOUT, 0};
-  int r = ::poll(&p, 1, std::max(1, remaining_ms(deadline)));
+  pollfd p[2] = {{fd, POLLOUT, 0}, {cancel_fd, POLLIN, 0}};
+  int r = ::poll(p, 2, std::max(1, remaining_ms(deadline)));
+  if (r > 0 && p[1].revents != 0) {
+    err = "interrupted";
+    ::close(fd);
+    return -1;
+  }
   int soerr = 0;
   socklen_t len = sizeof(soerr);
   if (r <= 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) {
@@ -73,8 +78,7 @@ int try_connect(const addrinfo* ai, Clock::time_point deadline, std::string& err
 
 StoreClient::StoreClient(std::string host, std::uint16_t port, ClientOptions options)
     : host_(std::move(host)), port_(port), opts_(options) {
-  endpoint_ = (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" +
-              std::to_string(port_);
+  endpoint_ = Endpoint{host_, port_}.str();
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) DDP_THROW(IoError, std::string("eventfd failed: ") + std::strerror(errno));
   try {
@@ -111,7 +115,9 @@ void StoreClient::connect() {
     if (rc != 0) {
       err = std::string("cannot resolve host: ") + ::gai_strerror(rc);
     } else {
-      for (auto* ai = res; ai && fd_ < 0; ai = ai->ai_next) fd_ = try_connect(ai, give_up, err);
+      for (auto* ai = res; ai && fd_ < 0; ai = ai->ai_next) {
+        fd_ = try_connect(ai, give_up, opts_.cancel_fd, err);
+      }
       ::freeaddrinfo(res);
     }
     if (fd_ >= 0) break;
@@ -120,9 +126,15 @@ void StoreClient::connect() {
                              std::to_string(attempts) + " attempts in " +
                              std::to_string(opts_.connect_timeout.count()) + " ms: " + err);
     }
-    // Exponential backoff with jitter, so a thousand agents do not retry in lockstep.
+    // Exponential backoff with jitter, so a thousand agents do not retry in lockstep; the wait
+    // ends early when cancel_fd becomes readable.
     std::uniform_int_distribution<long> jitter(0, backoff.count());
-    std::this_thread::sleep_for(backoff + std::chrono::milliseconds(jitter(rng)));
+    pollfd cancel{opts_.cancel_fd, POLLIN, 0};
+    const auto pause = backoff + std::chrono::milliseconds(jitter(rng));
+    if ((::poll(&cancel, 1, static_cast<int>(pause.count())) > 0 && cancel.revents != 0) ||
+        err == "interrupted") {
+      DDP_THROW(IoError, "store " + endpoint_ + ": connecting interrupted");
+    }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   buf_.clear();
@@ -130,10 +142,16 @@ void StoreClient::connect() {
   w.op(Dialect::v2, Op::validate).value<std::uint32_t>(proto::kValidateMagic);
   if (opts_.extensions) w.op(Dialect::v2, Op::hello).value<std::uint32_t>(proto::kExtensionVersion);
   send_request();
-  if (opts_.extensions) {
+  if (!opts_.extensions) return;
+  try {
     expect_reply(deadline());
     std::uint32_t version = 0;
     read_exact(&version, sizeof(version), deadline());
+  } catch (const IoError&) {
+    if (!peer_closed_) throw;
+    DDP_THROW(ProtocolError, "the server at " + endpoint_ +
+                                 " answers, but closed the connection at ddprun's handshake: it "
+                                 "is not a ddprun store (a torch TCPStore?)");
   }
 }
 
@@ -197,7 +215,10 @@ void StoreClient::read_exact(void* dst, std::size_t n, Clock::time_point deadlin
     }
     ssize_t r = ::recv(fd_, p, n, 0);
     if (r < 0 && errno == EINTR) continue;
-    if (r == 0) broken("the server closed the connection");
+    if (r == 0) {
+      peer_closed_ = true;
+      broken("the server closed the connection");
+    }
     if (r < 0) broken(std::string("recv failed: ") + std::strerror(errno));
     p += r;
     n -= static_cast<std::size_t>(r);
@@ -453,7 +474,7 @@ void StoreClient::set_with_lease(std::string_view key, std::string_view value,
   send_request();
   expect_reply(deadline());
   if (read_u8() != 0) {
-    DDP_THROW(Error, "set_with_lease: lease " + std::to_string(lease) + " is unknown or expired");
+    DDP_THROW(ProtocolError, "set_with_lease: lease " + std::to_string(lease) + " is unknown or expired");
   }
 }
 

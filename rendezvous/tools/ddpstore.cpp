@@ -1,5 +1,5 @@
 // ddpstore: a command-line client for ddprund (and torch's TCPStore with --torch):
-//   ddpstore --endpoint HOST:PORT set KEY VALUE | get KEY | add KEY N | wait KEY... |
+//   ddpstore --endpoint HOST[:PORT] set KEY VALUE | get KEY | add KEY N | wait KEY... |
 //            check KEY... | delete KEY | num-keys | list-keys | ping
 #include <CLI/CLI.hpp>
 #include <charconv>
@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   long timeout_ms = 30000;
   std::vector<std::string> args;
   CLI::App app{"ddpstore: talk to a ddprund / c10d TCPStore server"};
-  app.add_option("--endpoint", endpoint, "HOST:PORT of the store")->required();
+  app.add_option("--endpoint", endpoint, "HOST:PORT, [IPV6]:PORT or HOST (port 29400) of the store")
+      ->required();
   app.add_flag("--torch", torch, "plain torch protocol (no ddprun extensions)");
   app.add_option("--timeout-ms", timeout_ms, "timeout of each operation")->capture_default_str();
   app.add_option("command", args,
@@ -23,21 +24,11 @@ int main(int argc, char** argv) {
       ->required();
   CLI11_PARSE(app, argc, argv);
 
-  auto colon = endpoint.rfind(':');
-  if (colon == std::string::npos) {
-    std::cerr << "ddpstore: --endpoint must be HOST:PORT, got '" << endpoint << "'\n";
-    return 2;
-  }
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  int port = 0;
+  ddp::rdzv::Endpoint ep;
   try {
-    port = std::stoi(endpoint.substr(colon + 1));
-  } catch (...) {
-    port = -1;
-  }
-  if (port <= 0 || port > 65535) {
-    std::cerr << "ddpstore: bad port in --endpoint '" << endpoint << "'\n";
+    ep = ddp::rdzv::parse_endpoint(endpoint, 29400, "--endpoint");
+  } catch (const ddp::ConfigError& e) {
+    std::cerr << "ddpstore: " << e.what() << "\n";
     return 2;
   }
   try {
@@ -45,7 +36,7 @@ int main(int argc, char** argv) {
     o.timeout = std::chrono::milliseconds(timeout_ms);
     o.connect_timeout = std::chrono::milliseconds(timeout_ms);
     o.extensions = !torch;
-    ddp::rdzv::StoreClient c(host, static_cast<std::uint16_t>(port), o);
+    ddp::rdzv::StoreClient c(ep, o);
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
     auto need = [&](std::size_t n) {

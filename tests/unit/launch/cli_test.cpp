@@ -205,7 +205,7 @@ TEST_CASE("rendezvous endpoints: default ports, IPv6, errors", "[unit][launch]")
   CHECK_THROWS_AS(parse_endpoint(":80", 1), ddp::ConfigError);
   CHECK_THAT(bad({"--rdzv-backend=c10d", "x"}), Catch::Contains("--rdzv-endpoint is required"));
   CHECK_THAT(bad({"--rdzv-backend=c10d", "--rdzv-endpoint=h:x", "x"}),
-             Catch::Contains("not an integer"));
+             Catch::Contains("the port is not a number"));
   CHECK_THAT(bad({"--rdzv-backend=etcd", "--rdzv-endpoint=h", "x"}),
              Catch::Contains("--rdzv-backend"));
 }

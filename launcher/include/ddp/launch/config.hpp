@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/rdzv/endpoint.hpp"
+
 namespace ddp::launch {
 
 // torchrun's Std: which of a worker's streams go to files (redirect) or files + console (tee).
@@ -21,10 +23,7 @@ struct StdSpec {
   Std for_rank(int local_rank) const;
 };
 
-struct Endpoint {
-  std::string host;
-  std::uint16_t port = 0;
-};
+using rdzv::Endpoint;
 
 struct LaunchConfig {
   int min_nodes = 1;
@@ -59,9 +58,10 @@ struct LaunchConfig {
   std::string entrypoint;
   std::vector<std::string> args;
 
-  // The rendezvous endpoint with torchrun's defaults filled in: port 29400 for c10d; for static
-  // with no endpoint, --master-addr:--master-port.
-  Endpoint endpoint() const;
+  // The rendezvous endpoint, parsed once by parse_launch_args with torchrun's defaults filled
+  // in: port 29400 for c10d; for static with no endpoint, --master-addr:--master-port.
+  Endpoint rdzv;
+  const Endpoint& endpoint() const { return rdzv; }
 };
 
 // The outcome of parsing: a config, or a message for the user and the exit code to use
@@ -77,7 +77,10 @@ struct ParseResult {
 ParseResult parse_launch_args(const std::vector<std::string>& argv,
                               const std::map<std::string, std::string>& env);
 
-// "host", "host:port", "[v6]:port", "v6" -> Endpoint; throws ddp::ConfigError naming the text.
-Endpoint parse_endpoint(const std::string& text, std::uint16_t default_port);
+// The rendezvous endpoint of a config whose flags are validated (the one parse, above):
+// --rdzv-endpoint, or --master-addr:--master-port for static. Throws ddp::ConfigError.
+Endpoint resolve_endpoint(const LaunchConfig& c);
+
+using rdzv::parse_endpoint;
 
 }  // namespace ddp::launch

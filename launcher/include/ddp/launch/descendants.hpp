@@ -55,8 +55,10 @@ void become_subreaper();
 
 // Forks the watcher (call early in main, before threads and sockets exist). The pipe end that
 // keeps it waiting (`*pipe_fd`) stays open, close-on-exec, in this process. Returns the
-// watcher's pid, or -1 when it could not be started (the job then runs without it).
-pid_t start_watcher(int* pipe_fd);
+// watcher's pid, or -1 when it could not be started (the job then runs without it). With
+// main's argv, the watcher's command line reads "ddprun-watcher" (ps, pgrep, scripts that
+// count ddprun processes see one agent per node, not two).
+pid_t start_watcher(int* pipe_fd, int argc = 0, char** argv = nullptr);
 // At a normal exit: closes the pipe and waits (up to 5 s) for the watcher's last pass, so no
 // zombie and no process of the job is left once ddprun has exited.
 void stop_watcher(pid_t watcher, int pipe_fd);

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/rdzv/endpoint.hpp"
 #include "ddp/rdzv/store.hpp"
 
 namespace ddp::rdzv {
@@ -22,11 +23,20 @@ struct ClientOptions {
   // Send HELLO: replies carry a status byte, so server-side refusals arrive as messages.
   // Turn off to talk to a torch server.
   bool extensions = true;
+  // While connecting: a readable fd here (the agent's signalfd) ends the attempts at once with
+  // ddp::IoError "... connecting interrupted". -1: none.
+  int cancel_fd = -1;
 };
 
 class StoreClient : public Store {
  public:
+  // The one dialer: resolves, connects with exponential backoff and jitter until
+  // connect_timeout (or cancel_fd), then VALIDATE (+ HELLO). Throws ddp::IoError when the store
+  // cannot be reached, ddp::ProtocolError when what answers is not a ddprun store (it closed the
+  // connection at HELLO: a torch TCPStore, say).
   StoreClient(std::string host, std::uint16_t port, ClientOptions options = {});
+  StoreClient(const Endpoint& endpoint, ClientOptions options = {})
+      : StoreClient(endpoint.host, endpoint.port, options) {}
   ~StoreClient() override;
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
@@ -90,6 +100,7 @@ class StoreClient : public Store {
   int fd_ = -1;
   int wake_fd_ = -1;  // eventfd, written by interrupt()
   std::string buf_;
+  bool peer_closed_ = false;  // the last read ended at EOF
   std::mutex mu_;
 };
 
