@@ -2,6 +2,7 @@
 // defaults, PET_<DEST> environment defaults (the command line wins), and validation with
 // messages that name the flag. The only file of the launcher that uses the option parser.
 #include <algorithm>
+#include <limits>
 #include <csignal>
 #include <cstring>
 #include <random>
@@ -13,6 +14,8 @@
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/knobs.hpp"
+#include "ddp/proto/number.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -80,19 +83,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 int to_int(const std::string& text, const std::string& flag) {
-  std::size_t used = 0;
-  int v = 0;
-  try {
-    v = std::stoi(text, &used);
-  } catch (const std::out_of_range&) {
-    throw ConfigError(flag + ": '" + text + "' is out of range");
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) {
-    throw ConfigError(flag + ": '" + text + "' is not an integer");
-  }
-  return v;
+  return static_cast<int>(
+      parse_int(text, flag, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
 }
 
 Std to_std(const std::string& text, const std::string& flag) {
@@ -187,8 +179,8 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   }
   if (raw.at("log_line_prefix_template") != kUnset) {
     c.log_line_prefix_template = raw.at("log_line_prefix_template");
-  } else if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
-    c.log_line_prefix_template = it->second;
+  } else if (auto t = knobs::text("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", &env)) {
+    c.log_line_prefix_template = *t;
   }
   c.redirects = parse_std(raw.at("redirects"), "--redirects");
   c.tee = parse_std(raw.at("tee"), "--tee");

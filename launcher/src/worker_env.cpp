@@ -53,7 +53,7 @@ std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
                                      const EnvMap& agent_env) {
   std::vector<std::string> argv;
   if (!config.no_python || config.run_path) {
-    auto py = agent_env.find("PYTHON_EXEC");
+    auto py = agent_env.find("PYTHON_EXEC");  // declared in proto/src/knobs.cpp
     argv.push_back(py != agent_env.end() && !py->second.empty() ? py->second : "python3");
     argv.push_back("-u");
     if (config.module) argv.push_back("-m");

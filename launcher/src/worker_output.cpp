@@ -11,6 +11,7 @@
 #include <random>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/knobs.hpp"
 
 namespace ddp::launch {
 namespace fs = std::filesystem;
@@ -86,7 +87,8 @@ RunLogDir::RunLogDir(const std::string& log_dir, const std::string& run_id) {
   if (log_dir == "/dev/null") return;
   std::string base = log_dir;
   if (base.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
+    const auto tmp_dir = knobs::text("TMPDIR");
+    const char* tmp = tmp_dir ? tmp_dir->c_str() : nullptr;
     std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/torchelastic_XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) {
       throw IoError("cannot create a temporary log directory " + tmpl + ": " +

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "ddp/proto/knobs.hpp"
+
 namespace ddp {
 
 spdlog::logger& logger(const char* subsystem) {
@@ -14,8 +16,8 @@ spdlog::logger& logger(const char* subsystem) {
   if (auto existing = spdlog::get(subsystem)) return *existing;
   auto l = spdlog::stderr_logger_mt(subsystem);
   l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] %v");
-  const char* lvl = std::getenv("DDP_LOG_LEVEL");
-  l->set_level(lvl ? spdlog::level::from_str(lvl) : spdlog::level::info);
+  const auto lvl = knobs::text("DDP_LOG_LEVEL");
+  l->set_level(lvl ? spdlog::level::from_str(*lvl) : spdlog::level::info);
   return *l;
 }
 

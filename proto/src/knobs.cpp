@@ -1,0 +1,107 @@
+// The knob registry (knobs.hpp): one row per environment variable read by a ddprun binary.
+// docs/env_vars.md lists the same names (tests/unit/proto/knobs_test.cpp checks both ways).
+#include "ddp/proto/knobs.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/proto/number.hpp"
+
+namespace ddp::knobs {
+
+namespace {
+constexpr Knob kKnobs[] = {
+    {"DDP_LOG_LEVEL", Kind::text, "info", "every binary",
+     "trace, debug, info, warn, error or off, for all subsystem loggers"},
+    {"PET_*", Kind::text, "", "ddprun", "a default for any torchrun flag; the command line wins"},
+    {"PYTHON_EXEC", Kind::text, "python3", "ddprun", "the interpreter for Python entrypoints"},
+    {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", Kind::seconds, "30", "ddprun",
+     "seconds between SIGTERM and SIGKILL when stopping workers"},
+    {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", Kind::text, "[${role_name}${local_rank}]:", "ddprun",
+     "console prefix of worker lines"},
+    {"OMP_NUM_THREADS", Kind::text, "", "ddprun", "set to 1 for workers when unset and nproc > 1"},
+    {"DDP_SHM_ALLREDUCE", Kind::flag01, "1", "ddp-train, ddp_allreduce_bench",
+     "0: ranks on one host all-reduce through Gloo instead of shared memory"},
+    {"DDP_TRAIN_FAULT", Kind::text, "", "ddp-train",
+     "tests only: RANK:STEP makes that rank SIGKILL itself at that step"},
+    {"GLOO_SOCKET_IFNAME", Kind::text, "", "ddp-train", "the interface Gloo binds"},
+    {"CUDA_VISIBLE_DEVICES", Kind::text, "", "ddp-train", "the GPUs a worker may use"},
+    {"SLURM_*", Kind::text, "", "ddprun", "Slurm's job and step environment (docs/slurm.md)"},
+    {"SLURMD_NODENAME", Kind::text, "", "ddprun", "this node's name in the step's node list"},
+    {"SLURM_CONF", Kind::text, "/etc/slurm/slurm.conf", "ddprun",
+     "where KillWait is read from under Slurm"},
+    {"TMPDIR", Kind::text, "/tmp", "ddprun", "where the temporary torchelastic_* log dir goes"},
+    {"PATH", Kind::text, "", "ddprun", "where a bare program name is found, as exec finds it"},
+    // torchrun's worker contract, read by ddp-train (and any worker); ddprun sets them.
+    {"RANK", Kind::integer, "", "ddp-train", "the worker contract (docs/launcher.md)"},
+    {"LOCAL_RANK", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"LOCAL_WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"GROUP_RANK", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"GROUP_WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"ROLE_NAME", Kind::text, "", "ddp-train", "the worker contract"},
+    {"ROLE_RANK", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"ROLE_WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"MASTER_ADDR", Kind::text, "", "ddp-train", "the worker contract"},
+    {"MASTER_PORT", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"TORCHELASTIC_*", Kind::text, "", "ddp-train",
+     "the worker contract: RESTART_COUNT, MAX_RESTARTS, RUN_ID, ERROR_FILE, USE_AGENT_STORE"},
+};
+
+bool matches(const Knob& k, std::string_view name) {
+  if (!k.name.empty() && k.name.back() == '*') {
+    return name.substr(0, k.name.size() - 1) == k.name.substr(0, k.name.size() - 1);
+  }
+  return k.name == name;
+}
+}  // namespace
+
+std::span<const Knob> all() { return kKnobs; }
+
+const Knob& declared(std::string_view name) {
+  const Knob* family = nullptr;
+  for (const auto& k : kKnobs) {
+    if (k.name == name) return k;
+    if (matches(k, name)) family = &k;
+  }
+  if (family) return *family;
+  throw std::logic_error("environment variable " + std::string(name) +
+                         " is read but not declared in proto/src/knobs.cpp");
+}
+
+std::optional<std::string> text(std::string_view name, const Env* env) {
+  (void)declared(name);
+  const std::string key(name);
+  if (env) {
+    auto it = env->find(key);
+    if (it == env->end()) return std::nullopt;
+    return it->second;
+  }
+  const char* v = std::getenv(key.c_str());
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+std::int64_t integer(std::string_view name, std::int64_t min, std::int64_t max, const Env* env) {
+  auto v = text(name, env);
+  const std::string t = v ? *v : std::string(declared(name).fallback);
+  return parse_int(t, name, min, max);
+}
+
+double seconds(std::string_view name, const Env* env) {
+  auto v = text(name, env);
+  const std::string t = v ? *v : std::string(declared(name).fallback);
+  return static_cast<double>(parse_seconds(t, name).count()) / 1000;
+}
+
+bool flag01(std::string_view name, const Env* env) {
+  auto v = text(name, env);
+  const std::string t = v ? *v : std::string(declared(name).fallback);
+  if (t != "0" && t != "1") {
+    throw ConfigError(std::string(name) + "='" + t + "' must be 0 or 1");
+  }
+  return t == "1";
+}
+
+}  // namespace ddp::knobs

@@ -1,0 +1,120 @@
+// Knobs are declared once: every environment variable the sources read is in the registry,
+// the registry and docs/env_vars.md list the same names, typed reads refuse bad values, and
+// the one number parser has one error shape.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/proto/knobs.hpp"
+#include "ddp/proto/number.hpp"
+
+namespace fs = std::filesystem;
+using namespace ddp;
+
+namespace {
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool is_declared(const std::string& name) {
+  try {
+    (void)knobs::declared(name);
+    return true;
+  } catch (const std::logic_error&) {
+    return false;
+  }
+}
+
+// Names in the first column of docs/env_vars.md rows read by a binary ("PET_<FLAG>" -> "PET_*").
+std::set<std::string> documented_for_binaries() {
+  std::set<std::string> out;
+  std::istringstream doc(slurp(fs::path(DDP_SOURCE_DIR) / "docs/env_vars.md"));
+  const std::regex binaries(
+      R"(every binary|`ddprun`|`ddprund`|`ddp-train`|`ddpstore`|`ddp_allreduce_bench`)");
+  const std::regex name("`([A-Z][A-Z0-9_]*)(<[A-Z]+>)?`");
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    auto second = line.find(" | ", 2);
+    auto third = line.find(" | ", second + 3);
+    if (second == std::string::npos || third == std::string::npos) continue;
+    if (!std::regex_search(line.substr(second, third - second), binaries)) continue;
+    const std::string first = line.substr(0, second);
+    for (std::sregex_iterator it(first.begin(), first.end(), name), end; it != end; ++it) {
+      out.insert((*it)[1].str() + ((*it)[2].matched ? "*" : ""));
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("every variable the sources read is declared once", "[unit][knobs]") {
+  const std::regex read(
+      R"re((?:getenv|env\.find|env\.count|agent_env\.count|agent_env\.find|knobs::\w+)\(\s*"([A-Z][A-Z0-9_]*)")re");
+  int reads = 0;
+  for (const char* dir : {"launcher", "rendezvous", "worker_runtime", "proto", "kernels"}) {
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(DDP_SOURCE_DIR) / dir)) {
+      const auto ext = e.path().extension();
+      if (ext != ".cpp" && ext != ".hpp" && ext != ".cu") continue;
+      const std::string text = slurp(e.path());
+      for (std::sregex_iterator it(text.begin(), text.end(), read), end; it != end; ++it) {
+        ++reads;
+        INFO(e.path().string() << " reads " << (*it)[1]);
+        CHECK(is_declared((*it)[1]));
+      }
+    }
+  }
+  CHECK(reads > 5);
+}
+
+TEST_CASE("the registry and docs/env_vars.md list the same variables", "[unit][knobs]") {
+  const auto doc = documented_for_binaries();
+  for (const auto& name : doc) {
+    INFO("docs/env_vars.md lists " << name << " for a binary");
+    CHECK(is_declared(name));
+  }
+  for (const auto& k : knobs::all()) {
+    INFO("declared but not in docs/env_vars.md: " << k.name);
+    const bool family = k.name.back() == '*';
+    bool found = doc.count(std::string(k.name)) > 0;
+    for (const auto& d : doc) {
+      if (family && d.rfind(std::string(k.name.substr(0, k.name.size() - 1)), 0) == 0) found = true;
+    }
+    CHECK(found);
+  }
+}
+
+TEST_CASE("typed knob reads take the declared default and refuse bad values", "[unit][knobs]") {
+  knobs::Env env;
+  CHECK(knobs::flag01("DDP_SHM_ALLREDUCE", &env));
+  CHECK(knobs::seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env) == 30.0);
+  env["DDP_SHM_ALLREDUCE"] = "0";
+  env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "2.5";
+  CHECK_FALSE(knobs::flag01("DDP_SHM_ALLREDUCE", &env));
+  CHECK(knobs::seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env) == 2.5);
+  env["DDP_SHM_ALLREDUCE"] = "yes";
+  CHECK_THROWS_WITH(knobs::flag01("DDP_SHM_ALLREDUCE", &env),
+                    Catch::Contains("DDP_SHM_ALLREDUCE='yes' must be 0 or 1"));
+  env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "-1";
+  CHECK_THROWS_AS(knobs::seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env), ConfigError);
+  CHECK(knobs::text("SLURM_JOB_ID", &env) == std::nullopt);  // a declared family
+  CHECK_THROWS_AS(knobs::text("NOT_DECLARED_ANYWHERE", &env), std::logic_error);
+}
+
+TEST_CASE("the one number parser: whole text, range, one message shape", "[unit][knobs]") {
+  CHECK(parse_int("42", "--x", 0, 100) == 42);
+  CHECK(parse_int("-3", "--x", -5, 5) == -3);
+  CHECK_THROWS_WITH(parse_int("4x", "--x", 0, 100), "--x '4x' is not an integer in [0, 100]");
+  CHECK_THROWS_WITH(parse_int("", "--x", 0, 100), "--x '' is not an integer in [0, 100]");
+  CHECK_THROWS_WITH(parse_int("101", "--x", 0, 100), "--x '101' is not an integer in [0, 100]");
+  CHECK(parse_seconds("1.5", "T").count() == 1500);
+  CHECK_THROWS_WITH(parse_seconds("inf", "T"), "T 'inf' is not a number of seconds in [0, 604800]");
+  CHECK_THROWS_WITH(parse_seconds("1e9", "T", 0, 10),
+                    "T '1e9' is not a number of seconds in [0, 10]");
+}
