@@ -34,22 +34,23 @@ constexpr Knob kKnobs[] = {
     {"TMPDIR", Kind::text, "/tmp", "ddprun", "where the temporary torchelastic_* log dir goes"},
     {"PATH", Kind::text, "", "ddprun", "where a bare program name is found, as exec finds it"},
     // torchrun's worker contract, read by ddp-train (and any worker); ddprun sets them.
-    {"RANK", Kind::integer, "", "ddp-train", "the worker contract (docs/launcher.md)"},
-    {"LOCAL_RANK", Kind::integer, "", "ddp-train", "the worker contract"},
-    {"WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
-    {"LOCAL_WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
-    {"GROUP_RANK", Kind::integer, "", "ddp-train", "the worker contract"},
-    {"GROUP_WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
-    {"ROLE_NAME", Kind::text, "", "ddp-train", "the worker contract"},
-    {"ROLE_RANK", Kind::integer, "", "ddp-train", "the worker contract"},
-    {"ROLE_WORLD_SIZE", Kind::integer, "", "ddp-train", "the worker contract"},
-    {"MASTER_ADDR", Kind::text, "", "ddp-train", "the worker contract"},
-    {"MASTER_PORT", Kind::integer, "", "ddp-train", "the worker contract"},
+    {"RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_NAME ROLE_RANK "
+     "ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT",
+     Kind::text, "", "ddp-train", "the worker contract (docs/launcher.md, \"Workers\")"},
     {"TORCHELASTIC_*", Kind::text, "", "ddp-train",
      "the worker contract: RESTART_COUNT, MAX_RESTARTS, RUN_ID, ERROR_FILE, USE_AGENT_STORE"},
 };
 
 bool matches(const Knob& k, std::string_view name) {
+  if (k.name.find(' ') != std::string_view::npos) {  // a set of names, one declaration
+    std::string_view rest = k.name;
+    while (!rest.empty()) {
+      auto sp = rest.find(' ');
+      if (rest.substr(0, sp) == name) return true;
+      rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
+    }
+    return false;
+  }
   if (!k.name.empty() && k.name.back() == '*') {
     return name.substr(0, k.name.size() - 1) == k.name.substr(0, k.name.size() - 1);
   }
@@ -63,7 +64,7 @@ const Knob& declared(std::string_view name) {
   const Knob* family = nullptr;
   for (const auto& k : kKnobs) {
     if (k.name == name) return k;
-    if (matches(k, name)) family = &k;
+    if (matches(k, name) && (!family || k.name.back() != '*')) family = &k;
   }
   if (family) return *family;
   throw std::logic_error("environment variable " + std::string(name) +

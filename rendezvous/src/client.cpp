@@ -13,31 +13,12 @@
 #include <cstring>
 #include <functional>
 
+#include "client_io.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/opcodes.hpp"
 #include "ddp/proto/writer.hpp"
 
 namespace ddp::rdzv {
-
-using Clock = std::chrono::steady_clock;
-using proto::Dialect;
-using proto::Op;
-using proto::Writer;
-
-namespace {
-
-std::string join_keys(const std::vector<std::string>& keys) {
-  std::string s;
-  for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k;
-  return s;
-}
-
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::max<std::int64_t>(0, left.count()));
-}
-
-}  // namespace
 
 Clock::time_point StoreClient::deadline() const { return Clock::now() + opts_.timeout; }
 
@@ -335,21 +316,20 @@ std::uint64_t StoreClient::lease_grant(std::chrono::milliseconds ttl, bool bind_
   return static_cast<std::uint64_t>(read_i64());
 }
 
-bool StoreClient::lease_keepalive(std::uint64_t lease) {
+// LEASE_KEEPALIVE and LEASE_REVOKE: u64 lease -> u8 0 ok / 1 unknown.
+bool StoreClient::lease_op(proto::Op op, std::uint64_t lease) {
   std::lock_guard<std::mutex> g(mu_);
-  Writer(buf_).op(Dialect::v2, Op::lease_keepalive).value(lease);
+  Writer(buf_).op(Dialect::v2, op).value(lease);
   send_request();
   expect_reply(deadline());
   return read_u8() == 0;
 }
 
-bool StoreClient::lease_revoke(std::uint64_t lease) {
-  std::lock_guard<std::mutex> g(mu_);
-  Writer(buf_).op(Dialect::v2, Op::lease_revoke).value(lease);
-  send_request();
-  expect_reply(deadline());
-  return read_u8() == 0;
+bool StoreClient::lease_keepalive(std::uint64_t lease) {
+  return lease_op(Op::lease_keepalive, lease);
 }
+
+bool StoreClient::lease_revoke(std::uint64_t lease) { return lease_op(Op::lease_revoke, lease); }
 
 void StoreClient::set_with_lease(std::string_view key, std::string_view value,
                                  std::uint64_t lease) {

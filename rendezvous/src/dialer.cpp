@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 
+#include "client_io.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/opcodes.hpp"
 #include "ddp/proto/writer.hpp"
@@ -23,17 +24,7 @@
 
 namespace ddp::rdzv {
 
-using Clock = std::chrono::steady_clock;
-using proto::Dialect;
-using proto::Op;
-using proto::Writer;
-
 namespace {
-
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::max<std::int64_t>(0, left.count()));
-}
 
 // One non-blocking connect attempt to `ai`, bounded by `deadline` and `cancel_fd`. Returns the
 // fd, or -1 (err says why).

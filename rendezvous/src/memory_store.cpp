@@ -6,14 +6,6 @@
 
 namespace ddp::rdzv {
 
-namespace {
-std::string key_list(const std::vector<std::string>& keys) {
-  std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "" : ", ") + k;
-  return out;
-}
-}  // namespace
-
 void MemoryStore::set(std::string_view key, std::string_view value) {
   std::lock_guard<std::mutex> g(mu_);
   Woken woken;
@@ -68,7 +60,7 @@ void MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
     return true;
   };
   if (!changed_.wait_for(lock, timeout, all)) {
-    throw TimeoutError("wait for [" + key_list(keys) + "] timed out after " +
+    throw TimeoutError("wait for [" + join_keys(keys) + "] timed out after " +
                        std::to_string(timeout.count()) + " ms");
   }
 }

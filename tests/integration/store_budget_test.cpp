@@ -11,6 +11,7 @@
 
 #include "../support/hex.hpp"
 #include "../support/raw_socket.hpp"
+#include "../support/store_fixture.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/kv_table.hpp"
@@ -23,26 +24,8 @@ using ddp::test::unhex;
 
 namespace {
 
-struct Server {
-  StoreServer server;
-  explicit Server(ServerOptions o) : server(std::move(o)) { server.start(); }
-  std::unique_ptr<StoreClient> client() {
-    ClientOptions o;
-    o.connect_timeout = 5s;
-    o.timeout = 5s;
-    return std::make_unique<StoreClient>("127.0.0.1", server.port(), o);
-  }
-};
-
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return pred();
-}
+using Server = ddp::test::ServerFixture;
+using ddp::test::eventually;
 
 const std::string kValidate = unhex("00 cef7853c");
 

@@ -6,6 +6,7 @@
 
 #include "../support/hex.hpp"
 #include "../support/raw_socket.hpp"
+#include "../support/store_fixture.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/server.hpp"
@@ -24,25 +25,11 @@ ServerOptions multi_loop(ServerOptions o) {
   return o;
 }
 
-struct Fixture {
-  StoreServer server;
-  explicit Fixture(ServerOptions o = {}) : server(multi_loop(std::move(o))) { server.start(); }
-  std::unique_ptr<StoreClient> client(ClientOptions o = {}) {
-    o.connect_timeout = 5s;
-    if (o.timeout == 30000ms) o.timeout = 5s;
-    return std::make_unique<StoreClient>("127.0.0.1", server.port(), o);
-  }
+struct Fixture : ddp::test::ServerFixture {
+  explicit Fixture(ServerOptions o = {}) : ServerFixture(multi_loop(std::move(o))) {}
 };
 
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 5s) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::yield();
-  }
-  return pred();
-}
+using ddp::test::eventually;
 
 const std::string kValidate = unhex("00 cef7853c");
 

@@ -89,3 +89,17 @@ def run_py(code, timeout=60, env=None):
 def start_py(code, env=None):
     return subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
+
+
+def run_ranks_py(code, port, n=2, timeout=120):
+    """Runs `code` as n processes (argv: port, rank) of the test's python; returns their
+    stdouts, asserting each exited 0."""
+    kids = [subprocess.Popen([sys.executable, "-c", code, str(port), str(r)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(n)]
+    outs = []
+    for k in kids:
+        out, err = k.communicate(timeout=timeout)
+        assert k.returncode == 0, err
+        outs.append(out)
+    return outs

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import daemon, start_py  # noqa: F401  (fixture)
+from conftest import daemon, run_ranks_py, start_py  # noqa: F401  (fixture)
 
 assert torch.__version__.startswith("1.13"), torch.__version__
 
@@ -93,10 +93,5 @@ GLOO_WORKER = textwrap.dedent("""
 
 
 def test_init_process_group_gloo(daemon):
-    kids = [subprocess.Popen([sys.executable, "-c", GLOO_WORKER, str(daemon.port), str(r)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for r in range(2)]
-    for k in kids:
-        out, err = k.communicate(timeout=120)
-        assert k.returncode == 0, err
+    for out in run_ranks_py(GLOO_WORKER, daemon.port):
         assert out.strip() == "3"

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import Daemon, run_py, start_py
+from conftest import Daemon, run_py, run_ranks_py, start_py
 
 assert int(torch.__version__.split(".")[0]) >= 2, torch.__version__
 
@@ -210,12 +210,7 @@ GLOO_WORKER = textwrap.dedent("""
 
 def test_init_process_group_gloo_uses_the_store(server):
     port = server[0]
-    kids = [subprocess.Popen([sys.executable, "-c", GLOO_WORKER, str(port), str(r)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for r in range(2)]
-    for k in kids:
-        out, err = k.communicate(timeout=120)
-        assert k.returncode == 0, err
+    for out in run_ranks_py(GLOO_WORKER, port):
         assert out.strip() == "3"
 
 

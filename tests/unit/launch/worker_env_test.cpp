@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../../support/group_info.hpp"
+
 using namespace ddp::launch;
 
 namespace {
@@ -15,22 +17,7 @@ LaunchConfig config(std::vector<std::string> args) {
   return *r.config;
 }
 
-GroupInfo two_nodes_second() {
-  GroupInfo g;
-  g.group_rank = 1;
-  g.group_world_size = 2;
-  g.base_global_rank = 4;
-  g.world_size = 8;
-  g.local_world_size = 4;
-  g.base_role_rank = 4;
-  g.role_world_size = 8;
-  g.restart_count = 2;
-  g.master_addr = "node0";
-  g.master_port = 41234;
-  g.run_id = "job1";
-  g.attempt_dir = "/logs/job1_x/attempt_2";
-  return g;
-}
+GroupInfo two_nodes_second() { return ddp::test::second_of_two_nodes("node0", 41234, "job1"); }
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "../../support/group_info.hpp"
 #include "ddp/launch/worker_env.hpp"
 #include "ddp/proto/error.hpp"
 
@@ -30,19 +31,7 @@ TEST_CASE("what ddprun exports reads back exactly", "[unit][worker]") {
   ddp::launch::LaunchConfig cfg;
   cfg.role = "trainer";
   cfg.max_restarts = 3;
-  ddp::launch::GroupInfo g;
-  g.group_rank = 1;
-  g.group_world_size = 2;
-  g.base_global_rank = 4;
-  g.world_size = 8;
-  g.local_world_size = 4;
-  g.base_role_rank = 4;
-  g.role_world_size = 8;
-  g.restart_count = 2;
-  g.master_addr = "gpu-01";
-  g.master_port = 40123;
-  g.run_id = "job7";
-  g.attempt_dir = "/logs/job7_x/attempt_2";
+  const auto g = ddp::test::second_of_two_nodes("gpu-01", 40123, "job7");
   auto w = read_worker_env(ddp::launch::worker_env(cfg, g, 1, {}));
   CHECK(w.rank == 5);
   CHECK(w.local_rank == 1);

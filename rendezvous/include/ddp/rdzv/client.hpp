@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/proto/opcodes.hpp"
 #include "ddp/rdzv/endpoint.hpp"
 #include "ddp/rdzv/store.hpp"
 
@@ -79,6 +80,7 @@ class StoreClient : public Store {
 
  private:
   void connect();
+  bool lease_op(proto::Op op, std::uint64_t lease);
   void send_request();
   void rethrow_refusal();
   void read_exact(void* dst, std::size_t n, std::chrono::steady_clock::time_point deadline);

@@ -12,6 +12,13 @@
 
 namespace ddp::rdzv {
 
+// "a, b, c": keys as error messages name them.
+inline std::string join_keys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
 class Store {
  public:
   virtual ~Store() = default;
