@@ -231,7 +231,14 @@ namespace {
   while (::getppid() == agent) {
     pollfd p{rfd, POLLIN, 0};
     int r = ::poll(&p, 1, static_cast<int>(interval.count()));
-    if (r > 0 || (r < 0 && errno != EINTR)) break;
+    if (r > 0) {
+      char done = 0;
+      // A byte: the agent ended normally and cleared its tree itself (stop_watcher). EOF: it
+      // died (SIGKILL): clear what it left.
+      if (::read(rfd, &done, 1) == 1) ::_exit(0);
+      break;
+    }
+    if (r < 0 && errno != EINTR) break;
     const auto t0 = Clock::now();
     seen = descendants(agent, self);
     // A big tree costs more to walk: then walk less often (at most ~10% of a core).
@@ -299,13 +306,18 @@ pid_t start_watcher(int* pipe_fd, int argc, char** argv) {
 
 void stop_watcher(pid_t watcher, int pipe_fd) {
   if (watcher <= 0) return;
+  const char done = 1;
+  (void)!::write(pipe_fd, &done, 1);  // "cleared already": the watcher exits without a pass
   ::close(pipe_fd);
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (Clock::now() < deadline) {
-    const pid_t r = ::waitpid(watcher, nullptr, WNOHANG);
-    if (r == watcher || (r < 0 && errno != EINTR)) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Waits for it (up to 5 s) on its pidfd, so no zombie is left and no time is slept away.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, watcher, 0));
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    while (::poll(&p, 1, 5000) < 0 && errno == EINTR) {
+    }
+    ::close(pidfd);
   }
+  ::waitpid(watcher, nullptr, WNOHANG);
 }
 
 }  // namespace ddp::launch
