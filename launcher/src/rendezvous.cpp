@@ -41,7 +41,7 @@ int stored_int(const std::string& key, const std::string& text, int lo, int hi) 
 }
 }  // namespace
 
-Rendezvous::Rendezvous(rdzv::StoreClient& store, RendezvousOptions options)
+Rendezvous::Rendezvous(rdzv::Store& store, RendezvousOptions options)
     : store_(store), opts_(std::move(options)), prefix_("/ddprun/" + opts_.run_id) {}
 
 std::string Rendezvous::key(int round, const std::string& name) const {

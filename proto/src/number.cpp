@@ -25,9 +25,14 @@ std::int64_t parse_int(std::string_view text, std::string_view what, std::int64_
                        std::int64_t max) {
   std::int64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
-    throw ConfigError(std::string(what) + " '" + std::string(text) + "' is not an integer in [" +
-                      std::to_string(min) + ", " + std::to_string(max) + "]");
+  const std::string head = std::string(what) + " '" + std::string(text) + "' is ";
+  if (text.empty() || end != text.data() + text.size() ||
+      (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+    throw ConfigError(head + "not an integer");
+  }
+  if (ec == std::errc::result_out_of_range || v < min || v > max) {
+    throw ConfigError(head + "out of range [" + std::to_string(min) + ", " + std::to_string(max) +
+                      "]");
   }
   return v;
 }

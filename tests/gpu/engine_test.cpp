@@ -36,11 +36,11 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 void compare(const std::string& model, OptimizerConfig opt, bool bf16, int accum) {
-  CAPTURE(model, opt.kind, bf16, accum);
+  CAPTURE(model, to_string(opt.kind), bf16, accum);
   auto cpu = make_cpu_engine(model_spec(model), opt, nullptr, 25.0);
   CudaEngineOptions co;
   co.max_rows = 64;
-  co.bf16 = bf16;
+  co.precision = bf16 ? Precision::bf16 : Precision::fp32;
   auto gpu = make_cuda_engine(model_spec(model), opt, nullptr, co);
   cpu->model().init(7);
   gpu->model().init(7);
@@ -64,7 +64,7 @@ void compare(const std::string& model, OptimizerConfig opt, bool bf16, int accum
   gpu->download();
   // Adam moves each parameter by about lr whatever the gradient's size, so a gradient within
   // rounding of zero can flip a step between cuBLAS and OpenBLAS: allow 2 lr there.
-  const double param_tol = bf16 ? 5e-2 : opt.kind == "adam" ? 2.0 * opt.lr : 1e-4;
+  const double param_tol = bf16 ? 5e-2 : opt.kind == OptimizerKind::adam ? 2.0 * opt.lr : 1e-4;
   CHECK(max_abs_diff(gpu->model().params(), cpu->model().params()) < param_tol);
   CHECK(gpu->optimizer().steps() == 5);
   // predict agrees too
@@ -80,21 +80,21 @@ void compare(const std::string& model, OptimizerConfig opt, bool bf16, int accum
 
 TEST_CASE("CUDA engine = CPU engine, fp32: mlp with SGD momentum and Adam, autoencoder",
           "[gpu][engine]") {
-  compare("mlp", {"sgd", 0.05f, 0.9f}, false, 1);
-  compare("mlp", {"adam", 1e-3f}, false, 1);
-  compare("mlp", {"sgd", 0.05f}, false, 3);  // gradient accumulation
-  compare("autoencoder", {"adam", 1e-3f}, false, 1);
+  compare("mlp", {OptimizerKind::sgd, 0.05f, 0.9f}, false, 1);
+  compare("mlp", {OptimizerKind::adam, 1e-3f}, false, 1);
+  compare("mlp", {OptimizerKind::sgd, 0.05f}, false, 3);  // gradient accumulation
+  compare("autoencoder", {OptimizerKind::adam, 1e-3f}, false, 1);
 }
 
 TEST_CASE("CUDA engine, bf16 products with fp32 master weights, stays close to fp32",
           "[gpu][engine]") {
-  compare("mlp", {"adam", 1e-3f}, true, 1);
+  compare("mlp", {OptimizerKind::adam, 1e-3f}, true, 1);
 }
 
 TEST_CASE("a batch larger than the engine was sized for is refused", "[gpu][engine]") {
   CudaEngineOptions co;
   co.max_rows = 8;
-  auto gpu = make_cuda_engine(model_spec("linear"), {"sgd", 0.1f}, nullptr, co);
+  auto gpu = make_cuda_engine(model_spec("linear"), {OptimizerKind::sgd, 0.1f}, nullptr, co);
   std::vector<float> x(9 * 20, 0.5f), t(9, 0.5f);
   CHECK_THROWS_WITH(gpu->micro_batch(x.data(), nullptr, t.data(), 9, 1.0f, true),
                     Catch::Contains("9 rows"));

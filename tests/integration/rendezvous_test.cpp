@@ -2,7 +2,8 @@
 // connection) form one round with distinct group ranks; exactly one event ends a round however
 // many nodes post at once; the watcher sees it; a full round turns a latecomer into a spare
 // that learns the run id is used up; a static node rank claimed twice is named; a round that
-// never fills times out with the count; and the store operations per agent do not grow with N.
+// never fills times out with the count; the store operations per agent do not grow with N;
+// and the same rounds over an in-process MemoryStore (no sockets).
 #include "ddp/launch/rendezvous.hpp"
 
 #include "ddp/launch/liveness.hpp"
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/rdzv/memory_store.hpp"
 #include "ddp/rdzv/server.hpp"
 
 using namespace ddp::launch;
@@ -323,4 +325,46 @@ TEST_CASE("garbage another client wrote in the round is named, not a crash",
   Rendezvous r(*c, {"junk", 1, 1, false, 5s});
   CHECK_THROWS_WITH(r.next_round(desc(0)),
                     Catch::Contains("'lots' under /ddprun/junk/r0/seal, not a number"));
+}
+
+TEST_CASE("rounds over a MemoryStore: form, fail, re-form counted, finish",
+          "[integration][launch]") {
+  ddp::rdzv::MemoryStore store(10s);
+  constexpr int kNodes = 3;
+  std::vector<Round> first(kNodes), second(kNodes);
+  std::vector<RoundEvent> held(kNodes);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kNodes; ++i) {
+    ts.emplace_back([&, i] {
+      const auto u = static_cast<std::size_t>(i);
+      Rendezvous r(store, {"mem", kNodes, kNodes, false, 10s});
+      NodeDesc self = desc(i);
+      first[u] = r.next_round(self);
+      RoundEvent ev;
+      ev.kind = RoundEvent::Kind::failure;
+      ev.host = self.host;
+      ev.group_rank = first[u].group_rank;
+      ev.exit_code = 3;
+      held[u] = r.end_round(first[u], ev, /*reopen=*/true);
+      self.restart_count = first[u].restart_count + 1;
+      self.prev_group_rank = first[u].group_rank;
+      second[u] = r.next_round(self, first[u].number + 1, kNodes);
+      r.finished(second[u], self.host, second[u].group_rank);
+      r.leave(second[u]);
+    });
+  }
+  for (auto& t : ts) t.join();
+  std::set<int> ranks;
+  for (std::size_t u = 0; u < kNodes; ++u) {
+    CHECK(held[u].kind == RoundEvent::Kind::failure);
+    CHECK(held[u].host == held[0].host);  // one event held for everyone
+    CHECK(second[u].number == 1);
+    CHECK(second[u].restart_count == 1);
+    CHECK(second[u].group_rank == first[u].group_rank);  // ranks stay across rounds
+    ranks.insert(second[u].group_rank);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  Rendezvous look(store, {"mem", kNodes, kNodes, false, 1s});
+  CHECK(decode_event(store.get(look.event_key(1))).kind == RoundEvent::Kind::done);
+  look.wait_all_left(second[0], 1s);  // every node left: returns at once
 }

@@ -1,12 +1,14 @@
 // The NCCL backend of the communicator: rank 0 creates the ncclUniqueId and publishes it in the
 // store under key_prefix + "/nccl_id", the others wait for it; then a non-blocking
 // ncclCommInitRankConfig. Buffers are device pointers; each call waits for its own stream,
-// polling for asynchronous errors, and aborts the communicator on a failure or a timeout.
-// Without CUDA the factory says so.
+// polling for asynchronous errors, and aborts the communicator on a failure or a timeout (then
+// throws ddp::NcclError). Calls are checked with ddp/kernels/check.hpp's macros. Without CUDA the
+// factory says so.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
@@ -15,6 +17,8 @@
 #if defined(DDP_WITH_CUDA)
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "ddp/kernels/check.hpp"
 #endif
 
 namespace ddp::worker {
@@ -24,41 +28,39 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw IoError(std::string("cuda: ") + what + ": " + cudaGetErrorString(rc));
-  }
-}
-
 // A non-blocking NCCL communicator (ncclConfig_t::blocking = 0): every wait polls the stream and
-// ncclCommGetAsyncError, so a dead peer or a timeout ends in ncclCommAbort and an IoError within
-// CommOptions::timeout, never in a hang until NCCL's own watchdog.
+// ncclCommGetAsyncError, so a dead peer or a timeout ends in ncclCommAbort and an NcclError
+// within CommOptions::timeout, never in a hang until NCCL's own watchdog.
 class NcclCommunicator final : public Communicator, public StreamAllReduce {
  public:
   NcclCommunicator(const CommOptions& o, int device)
       : rank_(o.rank), size_(o.size), timeout_(o.timeout) {
-    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    DDP_CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId id{};
     const std::string key = o.key_prefix + "/nccl_id";
     if (rank_ == 0) {
-      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      DDP_NCCL_CHECK(ncclGetUniqueId(&id));
       o.store->set(key, std::string_view(id.internal, sizeof id.internal));
     } else {
       o.store->wait({key}, o.timeout);
       const std::string bytes = o.store->get(key);
       if (bytes.size() != sizeof id.internal) {
-        throw IoError("nccl: the unique id in the store under '" + key + "' has " +
-                      std::to_string(bytes.size()) + " bytes, expected " +
-                      std::to_string(sizeof id.internal));
+        throw NcclError("nccl: the unique id in the store under '" + key + "' has " +
+                        std::to_string(bytes.size()) + " bytes, expected " +
+                        std::to_string(sizeof id.internal));
       }
       std::memcpy(id.internal, bytes.data(), bytes.size());
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    check(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
+    live("ncclCommInitRankConfig", [&] {
+      DDP_NCCL_CHECK_NONBLOCKING(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+    });
     wait_ready("ncclCommInitRankConfig");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    live("the communicator's stream", [&] {
+      DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      DDP_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+    });
   }
   ~NcclCommunicator() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -89,38 +91,55 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
 
   void all_reduce_sum(float* data, std::size_t count) override {
     if (count == 0) return;
-    enqueue(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_),
-            "ncclAllReduce");
+    enqueue("ncclAllReduce", [&] {
+      DDP_NCCL_CHECK_NONBLOCKING(
+          ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_));
+    });
     wait_stream("all_reduce");
   }
   void broadcast(void* data, std::size_t bytes, int root) override {
     if (bytes == 0) return;
-    enqueue(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast");
+    enqueue("ncclBroadcast", [&] {
+      DDP_NCCL_CHECK_NONBLOCKING(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
+    });
     wait_stream("broadcast");
   }
   void barrier() override { all_reduce_sum(scratch_, 1); }
 
   void all_reduce_sum_after(float* data, std::size_t count, void* ready_event) override {
     if (count == 0) return;
-    check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(ready_event), 0),
-               "cudaStreamWaitEvent");
-    enqueue(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_),
-            "ncclAllReduce");
+    enqueue("ncclAllReduce", [&] {
+      DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(ready_event), 0));
+      DDP_NCCL_CHECK_NONBLOCKING(
+          ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_));
+    });
   }
   void wait_all() override { wait_stream("bucket all_reduce"); }
   void all_gather(const void* in, void* out, std::size_t bytes) override {
     if (bytes == 0) return;
-    enqueue(ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_), "ncclAllGather");
+    enqueue("ncclAllGather", [&] {
+      DDP_NCCL_CHECK_NONBLOCKING(ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_));
+    });
     wait_stream("all_gather");
   }
 
  private:
-  void check(ncclResult_t rc, const char* what) {
-    if (rc != ncclSuccess && rc != ncclInProgress) fail(what, ncclGetErrorString(rc));
+  // Runs checked calls (ddp/kernels/check.hpp) on the live communicator: a failure aborts it,
+  // so the peers' waits fail in turn, and leaves as NcclError naming this rank.
+  template <typename Calls>
+  void live(const char* what, Calls&& calls) {
+    try {
+      calls();
+    } catch (const Error& e) {
+      fail(what, e.what());
+    }
   }
-  void enqueue(ncclResult_t rc, const char* what) {
-    if (aborted_) throw IoError(std::string("nccl ") + what + ": the communicator was aborted");
-    check(rc, what);
+  // Starts a collective (ncclInProgress is not an error: the communicator is non-blocking) and
+  // polls until NCCL has taken it.
+  template <typename Calls>
+  void enqueue(const char* what, Calls&& calls) {
+    if (aborted_) throw NcclError(std::string("nccl ") + what + ": the communicator was aborted");
+    live(what, std::forward<Calls>(calls));
     wait_ready(what);
   }
   // Non-blocking calls may return ncclInProgress: poll until the call itself completes.
@@ -128,16 +147,16 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      live(what, [&] { DDP_NCCL_CHECK_NONBLOCKING(ncclCommGetAsyncError(comm_, &state)); });
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(what, ncclGetErrorString(state));
+      if (state != ncclInProgress) fail(what, async_text(state));
       if (Clock::now() > deadline) fail(what, "timed out");
       std::this_thread::yield();
     }
   }
   // Waits for the stream's work, watching for asynchronous errors (a peer gone) meanwhile.
   void wait_stream(const char* what) {
-    if (aborted_) throw IoError(std::string("nccl ") + what + ": the communicator was aborted");
+    if (aborted_) throw NcclError(std::string("nccl ") + what + ": the communicator was aborted");
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       const cudaError_t rc = cudaStreamQuery(stream_);
@@ -145,18 +164,23 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
       if (rc != cudaErrorNotReady) fail(what, cudaGetErrorString(rc));
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) fail(what, ncclGetErrorString(state));
+      if (state != ncclSuccess && state != ncclInProgress) fail(what, async_text(state));
       if (Clock::now() > deadline) fail(what, "timed out (a peer stopped?)");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  [[noreturn]] void fail(const char* what, const char* why) {
+  // An asynchronous error's text, with what to do next where check.hpp knows it.
+  static std::string async_text(ncclResult_t state) {
+    const auto text = kernels::detail::describe_nccl(state);
+    return text.hint == nullptr ? text.error : text.error + "; " + text.hint;
+  }
+  [[noreturn]] void fail(const char* what, const std::string& why) {
     if (comm_ != nullptr && !aborted_) {
       ncclCommAbort(comm_);  // frees this rank's side; the peers' waits fail in turn
       aborted_ = true;
     }
-    throw IoError(std::string("nccl ") + what + " on rank " + std::to_string(rank_) + " of " +
-                  std::to_string(size_) + " failed: " + why + "; the communicator was aborted");
+    throw NcclError(std::string("nccl ") + what + " on rank " + std::to_string(rank_) + " of " +
+                    std::to_string(size_) + " failed: " + why + "; the communicator was aborted");
   }
 
   int rank_;

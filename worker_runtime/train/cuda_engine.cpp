@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/kernels/check.hpp"
 #include "ddp/kernels/cuda_ops.hpp"
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
@@ -24,16 +25,6 @@ namespace ddp::train {
 namespace {
 
 namespace gpu = kernels::cuda;
-
-void cuda_ok(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess)
-    throw IoError(std::string("cuda: ") + what + ": " + cudaGetErrorString(rc));
-}
-void blas_ok(cublasStatus_t rc, const char* what) {
-  if (rc != CUBLAS_STATUS_SUCCESS) {
-    throw IoError(std::string("cublas: ") + what + ": " + cublasGetStatusString(rc));
-  }
-}
 
 template <typename T>
 class DeviceBuffer {
@@ -50,7 +41,7 @@ class DeviceBuffer {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
   void alloc(std::size_t count) {
-    cuda_ok(cudaMalloc(&ptr_, std::max<std::size_t>(count, 1) * sizeof(T)), "cudaMalloc");
+    DDP_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(count, 1) * sizeof(T)));
   }
   T* get() const { return ptr_; }
 
@@ -71,10 +62,10 @@ class CudaEngine final : public Engine {
       : Engine(std::move(spec), opt),
         device_(o.device),
         max_rows_(o.max_rows),
-        bf16_(o.bf16),
+        bf16_(o.precision == Precision::bf16),
         buckets_(plan_buckets(model_, std::size_t{1} << 20,
                               static_cast<std::size_t>(o.bucket_cap_mb * 1024 * 1024))) {
-    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    DDP_CUDA_CHECK(cudaSetDevice(device_));
     if (comm != nullptr && comm->size() > 1) {
       stream_comm_ = dynamic_cast<worker::StreamAllReduce*>(comm);
       if (stream_comm_ == nullptr) {
@@ -83,16 +74,16 @@ class CudaEngine final : public Engine {
       }
       world_ = comm->size();
     }
-    cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    blas_ok(cublasCreate(&blas_), "cublasCreate");
-    blas_ok(cublasSetStream(blas_, stream_), "cublasSetStream");
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DDP_CUBLAS_CHECK(cublasCreate(&blas_));
+    DDP_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
     const auto& layers = model_.spec().layers;
     const std::size_t n = model_.param_count();
     std::size_t widest = 0;
     for (const auto& l : layers) widest = std::max({widest, l.in, l.out});
     p_.alloc(n);
     g_.alloc(n);
-    cuda_ok(cudaMemsetAsync(g_.get(), 0, n * sizeof(float), stream_), "cudaMemsetAsync");
+    DDP_CUDA_CHECK(cudaMemsetAsync(g_.get(), 0, n * sizeof(float), stream_));
     state_.alloc(opt_.state().size());
     x_.alloc(max_rows_ * layers.front().in);
     acts_ = std::vector<DeviceBuffer<float>>(layers.size());
@@ -111,12 +102,11 @@ class CudaEngine final : public Engine {
     }
     events_.resize(buckets_.size());
     for (auto& e : events_) {
-      cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
-    cuda_ok(cudaMallocHost(&out_host_, max_rows_ * layers.back().out * sizeof(float)),
-            "cudaMallocHost");
+    DDP_CUDA_CHECK(cudaMallocHost(&out_host_, max_rows_ * layers.back().out * sizeof(float)));
     cudaDeviceProp prop{};
-    cuda_ok(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+    DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     name_ = prop.name;
   }
 
@@ -134,28 +124,28 @@ class CudaEngine final : public Engine {
   std::size_t bucket_count() const override { return buckets_.size(); }
 
   void upload() override {
-    cuda_ok(cudaMemcpyAsync(p_.get(), model_.params().data(), model_.param_count() * sizeof(float),
-                            cudaMemcpyHostToDevice, stream_),
-            "upload parameters");
+    DDP_CUDA_CHECK(cudaMemcpyAsync(p_.get(), model_.params().data(),
+                                   model_.param_count() * sizeof(float), cudaMemcpyHostToDevice,
+                                   stream_));
     if (!opt_.state().empty()) {
-      cuda_ok(cudaMemcpyAsync(state_.get(), opt_.state().data(),
-                              opt_.state().size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
-              "upload optimizer state");
+      DDP_CUDA_CHECK(cudaMemcpyAsync(state_.get(), opt_.state().data(),
+                                     opt_.state().size() * sizeof(float), cudaMemcpyHostToDevice,
+                                     stream_));
     }
     refresh_bf16_weights();
-    cuda_ok(cudaStreamSynchronize(stream_), "upload");
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void download() override {
-    cuda_ok(cudaMemcpyAsync(model_.params().data(), p_.get(), model_.param_count() * sizeof(float),
-                            cudaMemcpyDeviceToHost, stream_),
-            "download parameters");
+    DDP_CUDA_CHECK(cudaMemcpyAsync(model_.params().data(), p_.get(),
+                                   model_.param_count() * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_));
     if (!opt_.state().empty()) {
-      cuda_ok(cudaMemcpyAsync(opt_.state().data(), state_.get(),
-                              opt_.state().size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-              "download optimizer state");
+      DDP_CUDA_CHECK(cudaMemcpyAsync(opt_.state().data(), state_.get(),
+                                     opt_.state().size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_));
     }
-    cuda_ok(cudaStreamSynchronize(stream_), "download");
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void micro_batch(const float* x, const std::uint8_t* labels, const float* targets,
@@ -164,16 +154,13 @@ class CudaEngine final : public Engine {
     const auto& spec = model_.spec();
     const std::size_t in = spec.layers.front().in;
     const std::size_t out = spec.layers.back().out;
-    cuda_ok(
-        cudaMemcpyAsync(x_.get(), x, rows * in * sizeof(float), cudaMemcpyHostToDevice, stream_),
-        "copy the batch");
+    DDP_CUDA_CHECK(
+        cudaMemcpyAsync(x_.get(), x, rows * in * sizeof(float), cudaMemcpyHostToDevice, stream_));
     if (spec.loss == Loss::cross_entropy) {
-      cuda_ok(cudaMemcpyAsync(labels_.get(), labels, rows, cudaMemcpyHostToDevice, stream_),
-              "copy the labels");
+      DDP_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), labels, rows, cudaMemcpyHostToDevice, stream_));
     } else if (!spec.autoencoder) {
-      cuda_ok(cudaMemcpyAsync(targets_.get(), targets, rows * out * sizeof(float),
-                              cudaMemcpyHostToDevice, stream_),
-              "copy the targets");
+      DDP_CUDA_CHECK(cudaMemcpyAsync(targets_.get(), targets, rows * out * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream_));
     }
     forward(rows);
     float* y = acts_.back().get();
@@ -188,13 +175,12 @@ class CudaEngine final : public Engine {
     // The loss reaches the host with the step's synchronisation, not now.
     if (micro_ == loss_host_.size()) {
       float* slot = nullptr;
-      cuda_ok(cudaMallocHost(&slot, max_rows_ * sizeof(float)), "cudaMallocHost");
+      DDP_CUDA_CHECK(cudaMallocHost(&slot, max_rows_ * sizeof(float)));
       loss_host_.push_back(slot);
       loss_meta_.emplace_back();
     }
-    cuda_ok(cudaMemcpyAsync(loss_host_[micro_], loss_rows_.get(), rows * sizeof(float),
-                            cudaMemcpyDeviceToHost, stream_),
-            "copy the loss");
+    DDP_CUDA_CHECK(cudaMemcpyAsync(loss_host_[micro_], loss_rows_.get(), rows * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
     loss_meta_[micro_] = {rows, spec.loss == Loss::cross_entropy ? 1.0 : static_cast<double>(out)};
     ++micro_;
     backward(rows, sync);
@@ -204,7 +190,7 @@ class CudaEngine final : public Engine {
     const std::size_t n = model_.param_count();
     if (stream_comm_ != nullptr) {
       try {
-        stream_comm_->wait_all();  // IoError: the parameters are untouched
+        stream_comm_->wait_all();  // NcclError: the parameters are untouched
       } catch (...) {
         micro_ = 0;  // the step is dropped: its losses and gradients do not carry over
         cudaMemsetAsync(g_.get(), 0, n * sizeof(float), stream_);
@@ -214,16 +200,19 @@ class CudaEngine final : public Engine {
     }
     opt_.set_steps(opt_.steps() + 1);
     const auto& c = opt_.config();
-    if (c.kind == "adam") {
-      gpu::adam_step(p_.get(), g_.get(), state_.get(), state_.get() + n, n, c.lr, c.beta1, c.beta2,
-                     c.eps, opt_.steps(), stream_);
-    } else {
-      gpu::sgd_step(p_.get(), g_.get(), opt_.state().empty() ? nullptr : state_.get(), n, c.lr,
-                    c.momentum, opt_.steps() == 1, stream_);
+    switch (c.kind) {
+      case OptimizerKind::adam:
+        gpu::adam_step(p_.get(), g_.get(), state_.get(), state_.get() + n, n, c.lr, c.beta1,
+                       c.beta2, c.eps, opt_.steps(), stream_);
+        break;
+      case OptimizerKind::sgd:
+        gpu::sgd_step(p_.get(), g_.get(), opt_.state().empty() ? nullptr : state_.get(), n, c.lr,
+                      c.momentum, opt_.steps() == 1, stream_);
+        break;
     }
-    cuda_ok(cudaMemsetAsync(g_.get(), 0, n * sizeof(float), stream_), "zero the gradients");
+    DDP_CUDA_CHECK(cudaMemsetAsync(g_.get(), 0, n * sizeof(float), stream_));
     refresh_bf16_weights();
-    cuda_ok(cudaStreamSynchronize(stream_), "the step");
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     double loss = 0.0;
     for (std::size_t m = 0; m < micro_; ++m) {
       double sum = 0.0;
@@ -238,14 +227,12 @@ class CudaEngine final : public Engine {
     check_rows(rows);
     const std::size_t in = model_.spec().layers.front().in;
     const std::size_t out = model_.spec().layers.back().out;
-    cuda_ok(
-        cudaMemcpyAsync(x_.get(), x, rows * in * sizeof(float), cudaMemcpyHostToDevice, stream_),
-        "copy the batch");
+    DDP_CUDA_CHECK(
+        cudaMemcpyAsync(x_.get(), x, rows * in * sizeof(float), cudaMemcpyHostToDevice, stream_));
     forward(rows);
-    cuda_ok(cudaMemcpyAsync(out_host_, acts_.back().get(), rows * out * sizeof(float),
-                            cudaMemcpyDeviceToHost, stream_),
-            "copy the output");
-    cuda_ok(cudaStreamSynchronize(stream_), "predict");
+    DDP_CUDA_CHECK(cudaMemcpyAsync(out_host_, acts_.back().get(), rows * out * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return out_host_;
   }
 
@@ -272,15 +259,14 @@ class CudaEngine final : public Engine {
             const std::uint16_t* b16, std::size_t ldb, float beta, float* c, std::size_t ldc) {
     const float alpha = 1.0f;
     if (!bf16_) {
-      blas_ok(cublasSgemm(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a, as_int(lda), b,
-                          as_int(ldb), &beta, c, as_int(ldc)),
-              "cublasSgemm");
+      DDP_CUBLAS_CHECK(cublasSgemm(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a,
+                                   as_int(lda), b, as_int(ldb), &beta, c, as_int(ldc)));
       return;
     }
-    blas_ok(cublasGemmEx(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a16, CUDA_R_16BF,
-                         as_int(lda), b16, CUDA_R_16BF, as_int(ldb), &beta, c, CUDA_R_32F,
-                         as_int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmEx (bf16)");
+    DDP_CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a16,
+                                  CUDA_R_16BF, as_int(lda), b16, CUDA_R_16BF, as_int(ldb), &beta, c,
+                                  CUDA_R_32F, as_int(ldc), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
   }
 
   // Row-major matrices are column-major transposes: Y[rows][out] = X W^T is, for cuBLAS,
@@ -327,7 +313,7 @@ class CudaEngine final : public Engine {
       if (sync && stream_comm_ != nullptr && next_bucket < buckets_.size() &&
           buckets_[next_bucket].last_layer == k) {
         const Bucket& b = buckets_[next_bucket];
-        cuda_ok(cudaEventRecord(events_[next_bucket], stream_), "cudaEventRecord");
+        DDP_CUDA_CHECK(cudaEventRecord(events_[next_bucket], stream_));
         stream_comm_->all_reduce_sum_after(g_.get() + b.begin, b.end - b.begin,
                                            events_[next_bucket]);
         ++next_bucket;

@@ -12,12 +12,19 @@
 
 #include "model.hpp"
 #include "optimizer.hpp"
+#include "options.hpp"
 
 namespace ddp::worker {
 class Communicator;
 }
 
 namespace ddp::train {
+
+// The most rows the evaluation hands predict() at once (trainer.cpp walks the test set in chunks
+// of this size). An engine with fixed buffers (the CUDA engine's max_rows) must hold
+// max(--batch-size, kPredictChunkRows) rows, or a small batch size would leave it too small for
+// the evaluation's chunks.
+constexpr std::size_t kPredictChunkRows = 1000;
 
 class Engine {
  public:
@@ -34,11 +41,12 @@ class Engine {
   // starts each bucket's all-reduce as soon as the bucket is complete.
   virtual void micro_batch(const float* x, const std::uint8_t* labels, const float* targets,
                            std::size_t rows, float scale, bool sync) = 0;
-  // Waits for the all-reduce (IoError when a peer failed: the parameters are then untouched),
-  // averages, takes the optimizer step, zeroes the gradients. Returns the sum over the step's
-  // micro-batches of (summed loss / rows).
+  // Waits for the all-reduce (IoError or NcclError when a peer failed: the parameters are then
+  // untouched), averages, takes the optimizer step, zeroes the gradients. Returns the sum over
+  // the step's micro-batches of (summed loss / rows).
   virtual double step() = 0;
-  // The model's output for x [rows][in], in host memory owned by the engine.
+  // The model's output for x [rows][in] (rows <= the engine's capacity, see kPredictChunkRows),
+  // in host memory owned by the engine.
   virtual const float* predict(const float* x, std::size_t rows) = 0;
 
  protected:
@@ -54,8 +62,8 @@ std::unique_ptr<Engine> make_cpu_engine(ModelSpec spec, const OptimizerConfig& o
 
 struct CudaEngineOptions {
   int device = 0;
-  std::size_t max_rows = 0;  // the largest micro-batch (and evaluation chunk)
-  bool bf16 = false;         // bf16 matrix products, fp32 master weights and everything else
+  std::size_t max_rows = 0;  // the largest micro-batch or evaluation chunk (kPredictChunkRows)
+  Precision precision = Precision::fp32;  // bf16: bf16 matrix products, the rest fp32
   double bucket_cap_mb = 25.0;
 };
 // comm: an NCCL communicator (make_nccl_communicator) or null for one process. Throws

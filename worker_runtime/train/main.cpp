@@ -62,15 +62,23 @@ int default_threads(const std::map<std::string, std::string>& env) {
   return 1;
 }
 
+// The error file's "type": the error's kind, as a Python traceback would name it.
+const char* error_type(const std::exception& e) {
+  if (dynamic_cast<const ddp::ConfigError*>(&e) != nullptr) return "ConfigError";
+  if (dynamic_cast<const ddp::IoError*>(&e) != nullptr) return "IoError";
+  if (dynamic_cast<const ddp::CudaError*>(&e) != nullptr) return "CudaError";
+  if (dynamic_cast<const ddp::NcclError*>(&e) != nullptr) return "NcclError";
+  return "RuntimeError";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace ddp;
   const auto env = environment();
   train::TrainOptions o;
+  train::ChoiceWords words;  // --model, --dataset, ...: enums once apply_choices() has run
   int threads = default_threads(env);
-  std::string backend = "auto";
-  std::string device = "auto";
   bool no_eval = false;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
@@ -78,14 +86,14 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--batch-size,--batch_size", o.batch_size, "samples per rank per step")
       ->capture_default_str();
-  app.add_option("--model", o.model, "mlp | autoencoder | linear");
-  app.add_option("--dataset", o.dataset, "fashion-mnist | synthetic")->capture_default_str();
+  app.add_option("--model", words.model, "mlp | autoencoder | linear");
+  app.add_option("--dataset", words.dataset, "fashion-mnist | synthetic")->capture_default_str();
   app.add_option("--data", o.data_dir, "folder of the IDX files")->capture_default_str();
   app.add_option("--train-subset", o.train_subset, "use the first N training samples");
   app.add_option("--synthetic-size", o.synthetic_size, "samples of the synthetic dataset")
       ->capture_default_str();
   app.add_option("--lr", o.optimizer.lr, "learning rate")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer.kind, "sgd | adam")->capture_default_str();
+  app.add_option("--optimizer", words.optimizer, "sgd | adam")->capture_default_str();
   app.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation and shuffle seed")->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
@@ -93,11 +101,11 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", o.snapshot, "snapshot path (\"\": none)")->capture_default_str();
   app.add_option("--metrics-json", o.metrics_json, "rank 0 writes the run's figures here");
   app.add_option("--threads", threads, "BLAS threads per rank (default OMP_NUM_THREADS or 1)");
-  app.add_option("--backend", backend, "auto | gloo | nccl (auto: nccl on cuda, else gloo)")
+  app.add_option("--backend", words.backend, "auto | gloo | nccl (auto: nccl on cuda, else gloo)")
       ->capture_default_str();
-  app.add_option("--device", device, "auto | cpu | cuda (auto: cuda when a GPU is visible)")
+  app.add_option("--device", words.device, "auto | cpu | cuda (auto: cuda when a GPU is visible)")
       ->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32 | bf16 (bf16: cuda only)")
+  app.add_option("--precision", words.precision, "fp32 | bf16 (bf16: cuda only)")
       ->capture_default_str();
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "gradient bucket size")->capture_default_str();
   app.add_option("--max-steps", o.max_steps, "stop after N optimizer steps (0: no limit)");
@@ -106,24 +114,16 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     o.eval = !no_eval;
-    if (auto it = env.find("DDP_TRAIN_FAULT"); it != env.end()) o.fault = it->second;
+    if (auto it = env.find("DDP_TRAIN_FAULT"); it != env.end()) {
+      o.fault = train::parse_fault(it->second);
+    }
     if (auto it = env.find("DDP_SHM_ALLREDUCE");
         it != env.end() && it->second != "0" && it->second != "1") {
       throw ConfigError("DDP_SHM_ALLREDUCE='" + it->second + "': expected 0 or 1");
     }
     if (threads < 1) throw ConfigError("--threads must be >= 1");
-    if (device == "auto") {
-      device = kernels::cuda_built() && kernels::cuda_device_count() > 0 ? "cuda" : "cpu";
-    }
-    o.device = device;
-    if (backend == "auto") backend = device == "cuda" ? "nccl" : "gloo";
-    if (backend != "gloo" && backend != "nccl") {
-      throw ConfigError("--backend '" + backend + "': expected auto, gloo or nccl");
-    }
-    if ((backend == "nccl") != (device == "cuda")) {
-      throw ConfigError("--backend " + backend + " with --device " + device +
-                        ": gradients on the GPU go through nccl, on the CPU through gloo");
-    }
+    train::apply_choices(
+        words, [] { return kernels::cuda_built() && kernels::cuda_device_count() > 0; }, o);
     train::validate(o);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
       ctx.world = wenv.world_size;
       ctx.restart_count = wenv.restart_count;
     }
-    if (o.device == "cuda") {
+    if (o.device == train::Device::cuda) {
       const auto cvd = env.find("CUDA_VISIBLE_DEVICES");
       ctx.cuda_device = worker::pick_cuda_device(wenv.local_rank, kernels::cuda_device_count(),
                                                  cvd == env.end() ? std::string() : cvd->second);
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
         if (wenv.local_world_size == wenv.world_size && (shm == env.end() || shm->second == "1")) {
           comm = worker::make_local_communicator(std::move(comm), co);
         }
-        if (o.device == "cuda") {
+        if (o.backend == train::Backend::nccl) {
           co.key_prefix = wenv.store_prefix() + "/ddp_train/nccl";
           device_comm = worker::make_nccl_communicator(co, ctx.cuda_device);
           ctx.device_comm = device_comm.get();
@@ -186,9 +186,7 @@ int main(int argc, char** argv) {
     std::cout << std::flush;
     return code;
   } catch (const std::exception& e) {
-    const char* type = dynamic_cast<const ConfigError*>(&e) != nullptr ? "ConfigError"
-                       : dynamic_cast<const IoError*>(&e) != nullptr   ? "IoError"
-                                                                       : "RuntimeError";
+    const char* type = error_type(e);
     std::cout << std::flush;
     std::cerr << rank_tag << ": error: " << e.what() << "\n" << std::flush;
     const auto ef = env.find("TORCHELASTIC_ERROR_FILE");

@@ -8,32 +8,37 @@
 #include "ddp/kernels/cpu_ref.hpp"
 #include "ddp/proto/error.hpp"
 #include "data.hpp"
+#include "options.hpp"
 
 namespace ddp::train {
 
 namespace cpu = ddp::kernels::cpu;
 
-ModelSpec model_spec(const std::string& name) {
+ModelSpec model_spec(ModelKind kind) {
   ModelSpec s;
-  s.name = name;
-  if (name == "mlp") {
-    s.layers = {{784, 256, Act::relu}, {256, 128, Act::relu}, {128, 10, Act::none}};
-    s.loss = Loss::cross_entropy;
-  } else if (name == "autoencoder") {
-    s.layers = {{784, 128, Act::relu},
-                {128, 128, Act::relu},
-                {128, 128, Act::relu},
-                {128, 784, Act::sigmoid}};
-    s.loss = Loss::mse;
-    s.autoencoder = true;
-  } else if (name == "linear") {
-    s.layers = {{20, 1, Act::none}};
-    s.loss = Loss::mse;
-  } else {
-    throw ConfigError("--model '" + name + "': expected mlp, autoencoder or linear");
+  s.name = to_string(kind);
+  switch (kind) {
+    case ModelKind::mlp:
+      s.layers = {{784, 256, Act::relu}, {256, 128, Act::relu}, {128, 10, Act::none}};
+      s.loss = Loss::cross_entropy;
+      break;
+    case ModelKind::autoencoder:
+      s.layers = {{784, 128, Act::relu},
+                  {128, 128, Act::relu},
+                  {128, 128, Act::relu},
+                  {128, 784, Act::sigmoid}};
+      s.loss = Loss::mse;
+      s.autoencoder = true;
+      break;
+    case ModelKind::linear:
+      s.layers = {{20, 1, Act::none}};
+      s.loss = Loss::mse;
+      break;
   }
   return s;
 }
+
+ModelSpec model_spec(const std::string& name) { return model_spec(parse_model(name)); }
 
 Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
   const std::size_t nl = spec_.layers.size();

@@ -13,6 +13,7 @@
 
 namespace ddp::train {
 
+enum class ModelKind { mlp, autoencoder, linear };  // --model (options.hpp names them)
 enum class Act { none, relu, sigmoid };
 enum class Loss { cross_entropy, mse };
 
@@ -23,13 +24,14 @@ struct LayerSpec {
 };
 
 struct ModelSpec {
-  std::string name;
+  std::string name;  // for messages: the --model name, or a test's label
   std::vector<LayerSpec> layers;
   Loss loss = Loss::mse;
   bool autoencoder = false;  // the target is the input
 };
 
-// "mlp", "autoencoder", "linear"; throws ConfigError naming the choices.
+ModelSpec model_spec(ModelKind kind);
+// By name ("mlp", "autoencoder", "linear"), for tests; throws ConfigError naming the choices.
 ModelSpec model_spec(const std::string& name);
 
 struct LayerSlot {

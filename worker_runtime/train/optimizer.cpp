@@ -2,29 +2,30 @@
 #include "optimizer.hpp"
 
 #include "ddp/kernels/cpu_ref.hpp"
-#include "ddp/proto/error.hpp"
 
 namespace ddp::train {
 
 Optimizer::Optimizer(OptimizerConfig config, std::size_t params)
     : config_(std::move(config)), n_(params) {
-  if (config_.kind == "adam") {
-    state_.assign(2 * n_, 0.0f);
-  } else if (config_.kind == "sgd") {
-    if (config_.momentum != 0.0f) state_.assign(n_, 0.0f);
-  } else {
-    throw ConfigError("--optimizer '" + config_.kind + "': expected sgd or adam");
+  switch (config_.kind) {
+    case OptimizerKind::adam: state_.assign(2 * n_, 0.0f); break;
+    case OptimizerKind::sgd:
+      if (config_.momentum != 0.0f) state_.assign(n_, 0.0f);
+      break;
   }
 }
 
 void Optimizer::step(float* params, const float* grads) {
   ++steps_;
-  if (config_.kind == "adam") {
-    kernels::cpu::adam_step(params, grads, state_.data(), state_.data() + n_, n_, config_.lr,
-                            config_.beta1, config_.beta2, config_.eps, steps_);
-  } else {
-    kernels::cpu::sgd_step(params, grads, state_.empty() ? nullptr : state_.data(), n_, config_.lr,
-                           config_.momentum, steps_ == 1);
+  switch (config_.kind) {
+    case OptimizerKind::adam:
+      kernels::cpu::adam_step(params, grads, state_.data(), state_.data() + n_, n_, config_.lr,
+                              config_.beta1, config_.beta2, config_.eps, steps_);
+      break;
+    case OptimizerKind::sgd:
+      kernels::cpu::sgd_step(params, grads, state_.empty() ? nullptr : state_.data(), n_,
+                             config_.lr, config_.momentum, steps_ == 1);
+      break;
   }
 }
 

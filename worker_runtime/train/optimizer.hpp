@@ -3,13 +3,14 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace ddp::train {
 
+enum class OptimizerKind { sgd, adam };  // --optimizer (options.hpp names them)
+
 struct OptimizerConfig {
-  std::string kind = "sgd";  // "sgd" | "adam"
+  OptimizerKind kind = OptimizerKind::sgd;
   float lr = 1e-3f;
   float momentum = 0.0f;
   float beta1 = 0.9f;
@@ -19,7 +20,7 @@ struct OptimizerConfig {
 
 class Optimizer {
  public:
-  Optimizer(OptimizerConfig config, std::size_t params);  // throws ConfigError on a bad kind
+  Optimizer(OptimizerConfig config, std::size_t params);
   void step(float* params, const float* grads);
   const OptimizerConfig& config() const { return config_; }
   std::vector<float>& state() { return state_; }  // SGD: momentum buffer; Adam: m, then v

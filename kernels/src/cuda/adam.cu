@@ -30,7 +30,7 @@ void adam_step(float* p, const float* g, float* m, float* v, std::size_t n, floa
   adam_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
       p, g, m, v, n, static_cast<float>(lr / bc1), static_cast<float>(std::sqrt(bc2)), beta1, beta2,
       eps);
-  detail::check_launch("adam_step");
+  DDP_CUDA_CHECK_LAUNCH("adam_step");
 }
 
 }  // namespace ddp::kernels::cuda

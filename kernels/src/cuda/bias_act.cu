@@ -31,14 +31,14 @@ void bias_act_forward(float* y, const float* b, std::size_t rows, std::size_t co
   if (rows * cols == 0) return;
   bias_act_forward_kernel<<<detail::grid_for(rows * cols), detail::kThreads, 0, stream>>>(
       y, b, rows, cols, static_cast<int>(act));
-  detail::check_launch("bias_act_forward");
+  DDP_CUDA_CHECK_LAUNCH("bias_act_forward");
 }
 
 void act_backward(float* dy, const float* y, std::size_t n, Act act, Stream stream) {
   if (n == 0 || act == Act::none) return;
   act_backward_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(dy, y, n,
                                                                             static_cast<int>(act));
-  detail::check_launch("act_backward");
+  DDP_CUDA_CHECK_LAUNCH("act_backward");
 }
 
 }  // namespace ddp::kernels::cuda

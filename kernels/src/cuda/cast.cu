@@ -25,13 +25,13 @@ __global__ void bf16_to_f32_kernel(const std::uint16_t* in, float* out, std::siz
 void f32_to_bf16(const float* in, std::uint16_t* out, std::size_t n, Stream stream) {
   if (n == 0) return;
   f32_to_bf16_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(in, out, n);
-  detail::check_launch("f32_to_bf16");
+  DDP_CUDA_CHECK_LAUNCH("f32_to_bf16");
 }
 
 void bf16_to_f32(const std::uint16_t* in, float* out, std::size_t n, Stream stream) {
   if (n == 0) return;
   bf16_to_f32_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(in, out, n);
-  detail::check_launch("bf16_to_f32");
+  DDP_CUDA_CHECK_LAUNCH("bf16_to_f32");
 }
 
 }  // namespace ddp::kernels::cuda

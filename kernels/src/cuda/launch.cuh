@@ -1,10 +1,10 @@
-// What every kernel file shares: the launch check and the grid of a grid-stride loop.
+// What every kernel file shares: the check macros (DDP_CUDA_CHECK_LAUNCH after each launch) and
+// the grid of a grid-stride loop.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <string>
-
+#include "ddp/kernels/check.hpp"
 #include "ddp/kernels/cuda_ops.hpp"
 
 namespace ddp::kernels::cuda::detail {
@@ -15,14 +15,6 @@ constexpr int kThreads = 256;
 inline unsigned grid_for(std::size_t n) {
   const std::size_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 8192 ? (blocks == 0 ? 1 : blocks) : 8192);
-}
-
-// Throws CudaError naming the kernel when its launch failed.
-inline void check_launch(const char* kernel) {
-  const cudaError_t rc = cudaGetLastError();
-  if (rc != cudaSuccess) {
-    throw CudaError(std::string("CUDA kernel ") + kernel + ": " + cudaGetErrorString(rc));
-  }
 }
 
 }  // namespace ddp::kernels::cuda::detail

@@ -30,7 +30,7 @@ void mse(const float* y, const float* t, float* dy, float* sq_rows, std::size_t 
   constexpr unsigned kWarps = detail::kThreads / 32;
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   mse_kernel<<<blocks, detail::kThreads, 0, stream>>>(y, t, dy, sq_rows, rows, cols, scale);
-  detail::check_launch("mse");
+  DDP_CUDA_CHECK_LAUNCH("mse");
 }
 
 }  // namespace ddp::kernels::cuda

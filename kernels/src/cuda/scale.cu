@@ -16,7 +16,7 @@ __global__ void scale_kernel(float* x, std::size_t n, float factor) {
 void scale(float* x, std::size_t n, float factor, Stream stream) {
   if (n == 0) return;
   scale_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(x, n, factor);
-  detail::check_launch("scale");
+  DDP_CUDA_CHECK_LAUNCH("scale");
 }
 
 }  // namespace ddp::kernels::cuda

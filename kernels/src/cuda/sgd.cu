@@ -25,7 +25,7 @@ void sgd_step(float* p, const float* g, float* buf, std::size_t n, float lr, flo
   if (n == 0) return;
   sgd_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
       p, g, momentum == 0.0f ? nullptr : buf, n, lr, momentum, first_step);
-  detail::check_launch("sgd_step");
+  DDP_CUDA_CHECK_LAUNCH("sgd_step");
 }
 
 }  // namespace ddp::kernels::cuda

@@ -47,7 +47,7 @@ void softmax_xent(const float* logits, const std::uint8_t* labels, float* dlogit
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   softmax_xent_kernel<<<blocks, detail::kThreads, 0, stream>>>(logits, labels, dlogits, loss_rows,
                                                                rows, classes, scale);
-  detail::check_launch("softmax_xent");
+  DDP_CUDA_CHECK_LAUNCH("softmax_xent");
 }
 
 }  // namespace ddp::kernels::cuda

@@ -19,7 +19,7 @@ __global__ void sum_rows_kernel(const float* dy, float* db, std::size_t rows, st
 void sum_rows(const float* dy, float* db, std::size_t rows, std::size_t cols, Stream stream) {
   if (rows == 0 || cols == 0) return;
   sum_rows_kernel<<<detail::grid_for(cols), detail::kThreads, 0, stream>>>(dy, db, rows, cols);
-  detail::check_launch("sum_rows");
+  DDP_CUDA_CHECK_LAUNCH("sum_rows");
 }
 
 }  // namespace ddp::kernels::cuda

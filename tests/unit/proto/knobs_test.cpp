@@ -113,9 +113,11 @@ TEST_CASE("typed knob reads take the declared default and refuse bad values", "[
 TEST_CASE("the one number parser: whole text, range, one message shape", "[unit][knobs]") {
   CHECK(parse_int("42", "--x", 0, 100) == 42);
   CHECK(parse_int("-3", "--x", -5, 5) == -3);
-  CHECK_THROWS_WITH(parse_int("4x", "--x", 0, 100), "--x '4x' is not an integer in [0, 100]");
-  CHECK_THROWS_WITH(parse_int("", "--x", 0, 100), "--x '' is not an integer in [0, 100]");
-  CHECK_THROWS_WITH(parse_int("101", "--x", 0, 100), "--x '101' is not an integer in [0, 100]");
+  CHECK_THROWS_WITH(parse_int("4x", "--x", 0, 100), "--x '4x' is not an integer");
+  CHECK_THROWS_WITH(parse_int("", "--x", 0, 100), "--x '' is not an integer");
+  CHECK_THROWS_WITH(parse_int("101", "--x", 0, 100), "--x '101' is out of range [0, 100]");
+  CHECK_THROWS_WITH(parse_int("99999999999999999999", "--x", 0, 100),
+                    "--x '99999999999999999999' is out of range [0, 100]");
   CHECK(parse_seconds("1.5", "T").count() == 1500);
   CHECK_THROWS_WITH(parse_seconds("inf", "T"), "T 'inf' is not a number of seconds in [0, 604800]");
   CHECK_THROWS_WITH(parse_seconds("1e9", "T", 0, 10),

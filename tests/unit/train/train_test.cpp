@@ -13,10 +13,12 @@
 #include <set>
 
 #include "data.hpp"
+#include "ddp/kernels/check.hpp"
 #include "ddp/kernels/cpu_ref.hpp"
 #include "ddp/proto/error.hpp"
 #include "model.hpp"
 #include "optimizer.hpp"
+#include "options.hpp"
 #include "reducer.hpp"
 #include "sampler.hpp"
 #include "snapshot.hpp"
@@ -183,7 +185,7 @@ TEST_CASE("gradients of every layer kind match finite differences", "[unit][trai
 
 TEST_CASE("optimizers follow torch's formulas", "[unit][train]") {
   SECTION("SGD with momentum") {
-    Optimizer opt({"sgd", 0.1f, 0.9f}, 1);
+    Optimizer opt({OptimizerKind::sgd, 0.1f, 0.9f}, 1);
     float p = 1.0f;
     const float g = 2.0f;
     opt.step(&p, &g);  // buf = 2, p = 1 - 0.2
@@ -192,7 +194,7 @@ TEST_CASE("optimizers follow torch's formulas", "[unit][train]") {
     CHECK(p == Approx(0.42f));
   }
   SECTION("Adam: the first step moves each parameter by lr against its gradient's sign") {
-    Optimizer opt({"adam", 0.01f}, 2);
+    Optimizer opt({OptimizerKind::adam, 0.01f}, 2);
     float p[2] = {1.0f, -1.0f};
     const float g[2] = {0.5f, -3.0f};
     opt.step(p, g);
@@ -203,7 +205,12 @@ TEST_CASE("optimizers follow torch's formulas", "[unit][train]") {
     CHECK(opt.state()[0] == Approx(0.05f));
     CHECK(opt.state()[2] == Approx(0.00025f).epsilon(1e-4));  // 1 - 0.999f is not exact
   }
-  CHECK_THROWS_WITH(Optimizer({"lamb"}, 1), Catch::Contains("--optimizer 'lamb'"));
+  ChoiceWords lamb;
+  lamb.optimizer = "lamb";
+  TrainOptions o;
+  CHECK_THROWS_WITH(apply_choices(
+                        lamb, [] { return false; }, o),
+                    Catch::Contains("--optimizer 'lamb'"));
 }
 
 TEST_CASE("buckets: whole layers, last layer first, contiguous, the first one small",
@@ -286,4 +293,114 @@ TEST_CASE("cpu references: bf16 casts round to nearest even", "[unit][train]") {
   CHECK(std::isinf(bf16_to_f32(f32_to_bf16(3.4e38f))));  // past the largest bf16, 3.39e38
   const float x = 3.14159f;
   CHECK(std::abs(bf16_to_f32(f32_to_bf16(x)) - x) <= x / 256);  // 8 bits of mantissa
+}
+
+TEST_CASE("options: the words become enums once; a bad word names its flag", "[unit][train]") {
+  const auto no_gpu = [] { return false; };
+  TrainOptions o;
+  apply_choices(ChoiceWords{}, no_gpu, o);  // the flags' defaults
+  CHECK(o.device == Device::cpu);
+  CHECK(o.backend == Backend::gloo);
+  CHECK(o.precision == Precision::fp32);
+  CHECK(o.dataset == DatasetKind::fashion_mnist);
+  CHECK(o.model == ModelKind::mlp);
+  CHECK(o.optimizer.kind == OptimizerKind::sgd);
+  ChoiceWords w;
+  w.dataset = "synthetic";  // no --model: linear
+  w.optimizer = "adam";
+  w.device = "auto";
+  bool asked = false;
+  apply_choices(
+      w, [&] { return asked = true; }, o);
+  CHECK(asked);
+  CHECK(o.device == Device::cuda);
+  CHECK(o.backend == Backend::nccl);  // auto follows the device
+  CHECK(o.model == ModelKind::linear);
+  CHECK(o.optimizer.kind == OptimizerKind::adam);
+  CHECK(to_string(o.model) == "linear");
+  CHECK(to_string(o.dataset) == "synthetic");
+  CHECK(model_named("autoencoder") == ModelKind::autoencoder);
+  CHECK_FALSE(optimizer_named("lamb").has_value());
+  const auto refused = [&](ChoiceWords bad) {
+    TrainOptions t;
+    try {
+      apply_choices(bad, no_gpu, t);
+    } catch (const ddp::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  ChoiceWords bad;
+  bad.device = "tpu";
+  CHECK(refused(bad) == "--device 'tpu': expected cpu, cuda or auto");
+  bad = {};
+  bad.backend = "mpi";
+  CHECK(refused(bad) == "--backend 'mpi': expected auto, gloo or nccl");
+  bad.backend = "nccl";
+  CHECK(refused(bad) ==
+        "--backend nccl with --device cpu: gradients on the GPU go through nccl, on the CPU "
+        "through gloo");
+  bad = {};
+  bad.precision = "fp8";
+  CHECK(refused(bad) == "--precision 'fp8': expected fp32 or bf16");
+  bad = {};
+  bad.dataset = "cifar";
+  CHECK(refused(bad) == "--dataset 'cifar': expected fashion-mnist or synthetic");
+  bad = {};
+  bad.model = "resnet";
+  CHECK(refused(bad) == "--model 'resnet': expected mlp, autoencoder or linear");
+  o = {};
+  o.precision = Precision::bf16;
+  CHECK_THROWS_WITH(validate(o), Catch::Contains("--precision bf16 needs --device cuda"));
+  o.device = Device::cuda;
+  CHECK_NOTHROW(validate(o));
+  CHECK(parse_fault("1:5").rank == 1);
+  CHECK(parse_fault("1:5").step == 5);
+  CHECK(parse_fault("").rank == -1);
+  CHECK_THROWS_WITH(parse_fault("1:x"), Catch::Contains("DDP_TRAIN_FAULT='1:x'"));
+}
+
+namespace {
+namespace fake {
+// A library status as check.hpp's macros see one: a predicate and a description.
+enum class Status { ok, out_of_memory, weird };
+bool ok(Status s) { return s == Status::ok; }
+ddp::kernels::detail::StatusText describe(Status s) {
+  if (s == Status::out_of_memory) return {"out of memory (fakeErrorMemory)", "lower --batch-size"};
+  return {"weird (fakeErrorWeird)", nullptr};
+}
+int calls = 0;
+Status fake_alloc(Status s) {
+  ++calls;
+  return s;
+}
+}  // namespace fake
+}  // namespace
+
+TEST_CASE("check macros: the failed call, the library's error, what to do, [file:line]",
+          "[unit][train]") {
+  using fake::Status;
+  CHECK_NOTHROW([] {
+    DDP_CHECK_STATUS(ddp::CudaError, fake::fake_alloc(Status::ok), fake::ok, fake::describe);
+  }());
+  CHECK(fake::calls == 1);  // evaluated once
+  try {
+    DDP_CHECK_STATUS(ddp::CudaError, fake::fake_alloc(Status::out_of_memory), fake::ok,
+                     fake::describe);
+    FAIL("no throw");
+  } catch (const ddp::CudaError& e) {
+    CHECK(e.code() == ddp::Errc::cuda);
+    CHECK_THAT(e.what(), Catch::StartsWith("fake::fake_alloc(Status::out_of_memory) failed: out "
+                                           "of memory (fakeErrorMemory); lower --batch-size "
+                                           "[train_test.cpp:"));
+  }
+  CHECK(fake::calls == 2);
+  CHECK_THROWS_AS(
+      [] {
+        DDP_CHECK_STATUS(ddp::NcclError, fake::fake_alloc(Status::weird), fake::ok, fake::describe);
+      }(),
+      ddp::NcclError);
+  // No hint: the message ends with the error and the place.
+  CHECK(ddp::kernels::detail::check_message("f()", {"bad", nullptr}, "/a/b/x.cu", 7) ==
+        "f() failed: bad [x.cu:7]");
 }

@@ -1,22 +1,18 @@
 // Host launchers of ddp-train's CUDA kernels: one operation per file in kernels/src/cuda/, each
 // the GPU twin of a CPU reference in cpu_ref.hpp, and tested against it (tests/gpu/). Pointers
 // are device memory; each launch goes on `stream`, is asynchronous, and is checked: a launch
-// error throws CudaError naming the kernel. Zero-sized calls launch nothing.
+// error throws ddp::CudaError naming the kernel (ddp/kernels/check.hpp). Zero-sized calls launch
+// nothing.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 
 struct CUstream_st;
 
 namespace ddp::kernels::cuda {
 
 using Stream = CUstream_st*;  // cudaStream_t; nullptr is the default stream
-
-struct CudaError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 enum class Act : int { none = 0, relu = 1, sigmoid = 2 };
 

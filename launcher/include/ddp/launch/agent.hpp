@@ -1,8 +1,7 @@
 // The ddprun agent for one node: host or join the store, start the local workers with
 // torchrun's environment, watch them, restart the group up to --max-restarts, forward the
-// signals in --signals-to-handle, and print torchrun's failure summary. This first version
-// serves single-node jobs (--standalone, or static/c10d with --nnodes=1); multi-node
-// rendezvous is the next step of issue 3.
+// signals in --signals-to-handle, and print torchrun's failure summary. The rounds are run by
+// the lifecycle loop (lifecycle.hpp) and decided by the policy (policy.hpp).
 #pragma once
 
 #include <sys/types.h>

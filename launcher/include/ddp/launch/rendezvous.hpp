@@ -17,6 +17,7 @@
 
 #include "ddp/launch/round.hpp"
 #include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/store.hpp"
 
 namespace ddp::launch {
 
@@ -46,7 +47,8 @@ struct Round {
 
 class Rendezvous {
  public:
-  Rendezvous(rdzv::StoreClient& store, RendezvousOptions options);
+  // Any Store: a StoreClient in the agent, a MemoryStore in tests.
+  Rendezvous(rdzv::Store& store, RendezvousOptions options);
 
   // Joins round `hint` (or the job's current round when hint < 0) and blocks until it has
   // formed. `expect` (0: unknown) is how many nodes this node expects in the round; the one
@@ -86,7 +88,7 @@ class Rendezvous {
   int wait_as_spare(int r, std::chrono::steady_clock::time_point give_up);
   [[noreturn]] void throw_finished() const;
 
-  rdzv::StoreClient& store_;
+  rdzv::Store& store_;
   RendezvousOptions opts_;
   std::string prefix_;
 };

@@ -1,5 +1,6 @@
 // The one number parser: whole text, a range, and one error shape for every flag, variable and
-// file field ("<what> '<text>' is not <an integer|a number of seconds> in [min, max]").
+// file field: "<what> '<text>' is not an integer", "... is out of range [min, max]",
+// "... is not a number of seconds in [min, max]".
 #pragma once
 
 #include <chrono>

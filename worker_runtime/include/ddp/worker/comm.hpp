@@ -1,8 +1,9 @@
 // The communicator: the collectives a data-parallel worker needs (all-reduce, broadcast,
 // barrier, all-gather), bootstrapped through the job's store. Backends: Gloo over TCP (CPU
 // memory) and NCCL (device memory, CUDA builds). Calls are collective: every rank makes the same
-// calls in the same order. A failure (a peer gone, a timeout) throws ddp::IoError naming the
-// collective; the communicator is then unusable and the worker should exit.
+// calls in the same order. A failure (a peer gone, a timeout) throws ddp::IoError (gloo, shm) or
+// ddp::NcclError (nccl) naming the collective; the communicator is then unusable and the worker
+// should exit.
 #pragma once
 
 #include <chrono>
@@ -42,7 +43,7 @@ class StreamAllReduce {
   virtual ~StreamAllReduce() = default;
   // ready_event: a cudaEvent_t recorded after the data were written.
   virtual void all_reduce_sum_after(float* device_data, std::size_t count, void* ready_event) = 0;
-  virtual void wait_all() = 0;  // throws ddp::IoError naming the failure (peer gone, timeout)
+  virtual void wait_all() = 0;  // throws ddp::NcclError naming the failure (peer gone, timeout)
 };
 
 struct CommOptions {

@@ -1,0 +1,222 @@
+// The real lifecycle ports (agent_ports.hpp): rounds over the agent's store, and one round's
+// workers watched by a single poll (pidfds, signalfds, the event watcher, output pipes).
+// Nothing waits on a timer, so a failure anywhere reaches every node within a round trip.
+#include "agent_ports.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "ddp/launch/descendants.hpp"
+#include "ddp/launch/round_workers.hpp"
+#include "ddp/proto/error.hpp"
+
+#include "agent_store.hpp"
+
+namespace ddp::launch {
+
+namespace {
+
+// While the agent blocks on the store (forming a round), a stop signal must still stop it: a
+// thread watches the signalfd and interrupts the store client, leaving the signal unread.
+class SignalInterrupt {
+ public:
+  SignalInterrupt(int sigfd, rdzv::StoreClient& client) {
+    stop_ = ::eventfd(0, EFD_CLOEXEC);
+    if (stop_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
+    thread_ = std::thread([this, sigfd, &client] {
+      pollfd fds[2] = {{sigfd, POLLIN, 0}, {stop_, POLLIN, 0}};
+      while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (fds[0].revents != 0 && fds[1].revents == 0) {
+        fired_ = true;
+        client.interrupt();
+      }
+    });
+  }
+  ~SignalInterrupt() {
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(stop_, &one, sizeof(one));
+    thread_.join();
+    ::close(stop_);
+  }
+  SignalInterrupt(const SignalInterrupt&) = delete;
+  SignalInterrupt& operator=(const SignalInterrupt&) = delete;
+  bool fired() const { return fired_; }
+
+ private:
+  int stop_ = -1;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+int read_signal(int sigfd) {
+  signalfd_siginfo si{};
+  if (::read(sigfd, &si, sizeof(si)) != static_cast<ssize_t>(sizeof(si))) return 0;
+  return static_cast<int>(si.ssi_signo);
+}
+
+Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
+  worker_store_.reset();  // the previous round's
+  host_ = self.host;
+  Formed out;
+  // Alone on a private store (--standalone, one node), nothing can block: no watcher
+  // threads, and the workers share the agent's store (each attempt has its own prefix).
+  std::optional<SignalInterrupt> on_signal;
+  if (!s_.solo) on_signal.emplace(s_.sigfd, s_.client);
+  Rendezvous& rdzv = s_.rendezvous;
+  try {
+    out.round = rdzv.next_round(self, hint, expect, [&](int r) {
+      if (s_.liveness) s_.liveness->set_will(rdzv.event_key(r), s_.lost_will);
+    });
+    if (s_.solo) {
+      out.master_addr = s_.store_host;
+      out.master_port = s_.store_port;
+    } else if (out.round.group_rank == 0) {
+      worker_store_ = start_server(bind_address(self.addr), 0);
+      out.master_addr = self.addr;
+      out.master_port = worker_store_->port();
+      rdzv.publish_master(out.round, out.master_addr, out.master_port);
+    } else {
+      std::tie(out.master_addr, out.master_port) = rdzv.master(out.round);
+    }
+  } catch (const TimeoutError& e) {
+    out.kind = Formation::timed_out;
+    out.message = e.what();
+    return out;
+  } catch (const SpareNotNeeded&) {
+    out.kind = Formation::spare_not_needed;
+    return out;
+  } catch (const IoError&) {
+    if (!on_signal || !on_signal->fired()) throw;
+  }
+  if (on_signal && on_signal->fired()) out.signal = read_signal(s_.sigfd);
+  return out;
+}
+
+void StoreRendezvous::finished(const Round& round) {
+  s_.rendezvous.finished(round, host_, round.group_rank);
+}
+
+RoundEvent StoreRendezvous::end_round(const Round& round, const RoundEvent& event, bool reopen) {
+  return s_.rendezvous.end_round(round, event, reopen);
+}
+
+// Leaving the job for good: the store's host stays until the others have left (bounded), so
+// none of them loses the store in the middle of its last request.
+void StoreRendezvous::depart(const Round& round) {
+  try {
+    s_.rendezvous.leave(round);
+    if (s_.hosts_store) s_.rendezvous.wait_all_left(round, std::chrono::milliseconds(10000));
+  } catch (const Error&) {
+    // the store is gone already: nobody left to wait for
+  }
+}
+
+std::string LocalRound::make_attempt(int restart_count) {
+  return s_.logs.make_attempt(restart_count);
+}
+
+void LocalRound::open(const Round& round) {
+  if (!s_.solo) {
+    watcher_ = std::make_unique<EventWatcher>(s_.store_host, s_.store_port,
+                                              s_.rendezvous.event_key(round));
+  }
+}
+
+SpawnResult LocalRound::start(const GroupInfo& group) {
+  pump_ = std::make_unique<OutputPump>();
+  // A SIGUSR1/2 that came while no worker ran (rendezvous, restart) is dropped: delivered now
+  // it would reach the new workers before they can handle it, and kill them.
+  while (int sig = read_signal(s_.passfd)) {
+    std::fprintf(stderr, "ddprun: signal %d (%s) came while no worker ran; dropped\n", sig,
+                 strsignal(sig));
+  }
+  workers_ = std::make_unique<WorkerGroup>(
+      WorkerGroup::Options{s_.process.inherited_fds, s_.process.nofile_soft});
+  return spawn_workers({s_.config, group, s_.agent_env, s_.prefix_template, s_.host, s_.nproc},
+                       *pump_, *workers_, s_.sigfd);
+}
+
+void LocalRound::stop(int sig) {
+  stop_round(*workers_, s_.grace, sig, s_.process.watcher);
+  pump_->drain();
+}
+
+void LocalRound::finish() {
+  pump_->drain();
+  clear_leftovers(s_.process.watcher);
+}
+
+void LocalRound::remove_temporary_logs() { s_.logs.remove_if_temporary(); }
+
+// One poll turn over everything at once, in the order the facts rank: output first, orphans,
+// signals to pass on, then a stop signal ends the turn; failed exits; all done; the event.
+Observation LocalRound::wait() {
+  Observation o;
+  constexpr std::size_t kFixed = 4;  // sigfd, watcher, passfd, chldfd; then pidfds, outputs
+  std::vector<pollfd> fds{{s_.sigfd, POLLIN, 0},
+                          {watcher_ ? watcher_->fd() : -1, POLLIN, 0},
+                          {s_.passfd, POLLIN, 0},
+                          {s_.chldfd, POLLIN, 0}};
+  const auto pidfds = workers_->live_pidfds();
+  for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
+  const auto outs = pump_->fds();
+  for (int fd : outs) fds.push_back({fd, POLLIN, 0});
+  if (::poll(fds.data(), fds.size(), -1) < 0) {
+    if (errno == EINTR) return o;
+    throw IoError(std::string("poll failed: ") + std::strerror(errno));
+  }
+  for (std::size_t i = kFixed + pidfds.size(); i < fds.size(); ++i) {
+    if (fds[i].revents != 0) pump_->on_readable(fds[i].fd);
+  }
+  if (fds[3].revents != 0) {
+    while (read_signal(s_.chldfd) != 0) {
+    }
+    reap_orphans(workers_->pids());  // never a worker: WorkerGroup reaps those
+  }
+  if (fds[2].revents != 0) {
+    if (int sig = read_signal(s_.passfd); sig != 0) {
+      std::fprintf(stderr, "ddprun: received signal %d (%s), passing it on to the workers\n", sig,
+                   strsignal(sig));
+      workers_->signal_all(sig);
+    }
+  }
+  if (fds[0].revents != 0) {
+    if (int sig = read_signal(s_.sigfd); sig != 0) {
+      o.stop_signal = sig;
+      return o;
+    }
+  }
+  for (std::size_t i = 0; i < pidfds.size(); ++i) {
+    if (fds[kFixed + i].revents == 0) continue;
+    WorkerExit e = workers_->reap_pidfd(pidfds[i]);
+    if (e.failed()) o.failed.push_back(e);
+  }
+  if (!o.failed.empty()) return o;
+  o.all_done = workers_->running() == 0;
+  if (watcher_ && fds[1].revents != 0) {
+    if (auto ev = watcher_->event()) {
+      o.event = *ev;
+    } else {
+      o.store_lost = true;
+      o.store_error = watcher_->error();
+    }
+  }
+  return o;
+}
+
+}  // namespace ddp::launch

@@ -1,0 +1,103 @@
+// The real ports of the lifecycle loop (lifecycle.hpp): StoreRendezvous forms rounds over the
+// agent's store (a stop signal interrupts it) and hosts or finds the workers' store;
+// LocalRound starts the workers (round_workers.hpp) and watches the round with one poll over
+// pidfds, signalfds, the event watcher's eventfd and the output pipes. Private to the launcher.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ddp/launch/agent.hpp"
+#include "ddp/launch/lifecycle.hpp"
+#include "ddp/launch/liveness.hpp"
+#include "ddp/launch/rendezvous.hpp"
+#include "ddp/launch/worker_group.hpp"
+#include "ddp/launch/worker_output.hpp"
+#include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/server.hpp"
+
+namespace ddp::launch {
+
+// The signal a signalfd holds; 0 when none.
+int read_signal(int sigfd);
+
+class StoreRendezvous final : public RendezvousPort {
+ public:
+  struct Setup {
+    Rendezvous& rendezvous;
+    rdzv::StoreClient& client;  // interrupted by a stop signal while a round forms
+    int sigfd = -1;
+    bool solo = false;         // a private one-node store: nothing can block
+    bool hosts_store = false;  // this agent hosts the rendezvous store
+    std::string store_host;
+    std::uint16_t store_port = 0;
+    Liveness* liveness = nullptr;  // its will points at the round being joined
+    std::string lost_will;
+  };
+  explicit StoreRendezvous(Setup setup) : s_(std::move(setup)) {}
+
+  Formed form(const NodeDesc& self, int hint, int expect) override;
+  void finished(const Round& round) override;
+  RoundEvent end_round(const Round& round, const RoundEvent& event, bool reopen) override;
+  void depart(const Round& round) override;
+
+ private:
+  Setup s_;
+  // The workers' store: hosted by group rank 0's agent for one round only, so keys of an
+  // earlier round or another job can never be seen.
+  std::unique_ptr<rdzv::StoreServer> worker_store_;
+  std::string host_;
+};
+
+class LocalRound final : public WorkerLauncher, public EventSource {
+ public:
+  struct Setup {
+    const LaunchConfig& config;
+    const EnvMap& agent_env;
+    const AgentProcess& process;
+    const RunLogDir& logs;
+    const Rendezvous& rendezvous;  // names the round's event key
+    std::chrono::milliseconds grace{30000};
+    int sigfd = -1;   // stop signals
+    int passfd = -1;  // signals passed on to the workers
+    int chldfd = -1;  // SIGCHLD: orphans to reap
+    std::string prefix_template;
+    std::string host;
+    int nproc = 1;
+    bool solo = false;  // no event watcher
+    std::string store_host;
+    std::uint16_t store_port = 0;
+  };
+  explicit LocalRound(Setup setup) : s_(std::move(setup)) {}
+  ~LocalRound() override {
+    clear();
+    unwatch();
+  }
+
+  std::string make_attempt(int restart_count) override;
+  SpawnResult start(const GroupInfo& group) override;
+  void stop(int sig) override;
+  void finish() override;
+  void remove_temporary_logs() override;
+  void clear() override {
+    workers_.reset();
+    pump_.reset();
+  }
+
+  void open(const Round& round) override;
+  int take_signal() override { return read_signal(s_.sigfd); }
+  Observation wait() override;
+  void unwatch() override { watcher_.reset(); }
+
+ private:
+  Setup s_;
+  std::unique_ptr<EventWatcher> watcher_;
+  std::unique_ptr<OutputPump> pump_;
+  std::unique_ptr<WorkerGroup> workers_;
+};
+
+}  // namespace ddp::launch

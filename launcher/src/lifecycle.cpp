@@ -1,0 +1,205 @@
+// The agent's lifecycle loop (lifecycle.hpp): form a round, start the workers, gather what
+// happens into RoundFacts, ask decide() (policy.hpp), and apply the decision: keep waiting,
+// post this node's failure, succeed, restart or re-form for the next round, or stop.
+#include "ddp/launch/lifecycle.hpp"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "ddp/launch/failure_report.hpp"
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+
+namespace {
+
+using Kind = Decision::Kind;
+
+GroupInfo group_of(const Formed& formed, const LifecycleConfig& c) {
+  GroupInfo g;
+  g.master_addr = formed.master_addr;
+  g.master_port = formed.master_port;
+  g.group_rank = formed.round.group_rank;
+  g.group_world_size = formed.round.group_world_size;
+  g.base_global_rank = formed.round.base_global_rank;
+  g.world_size = formed.round.world_size;
+  g.local_world_size = c.nproc;
+  g.base_role_rank = formed.round.base_role_rank;
+  g.role_world_size = formed.round.role_world_size;
+  g.restart_count = formed.round.restart_count;
+  g.run_id = c.run_id;
+  return g;
+}
+
+// Adds what one look at the round saw to the facts (signals this node to tell the store that
+// its workers all succeeded, once).
+void observe(RoundFacts& f, const Observation& o, const GroupInfo& g, const std::string& host) {
+  f.stop_signal = o.stop_signal;
+  for (const WorkerExit& e : o.failed) {
+    Failure fl;
+    fl.exit = e;
+    fl.global_rank = g.base_global_rank + e.local_rank;
+    fl.host = host;
+    if (!g.attempt_dir.empty()) {
+      fl.error_file = g.attempt_dir + "/" + std::to_string(e.local_rank) + "/error.json";
+    }
+    f.failures.push_back(std::move(fl));
+  }
+  if (o.event) f.event = o.event;
+  f.store_lost = f.store_lost || o.store_lost;
+}
+
+// The round could not be formed, or a stop signal ended the wait.
+int stop_unformed(const Decision& d, const Formed& formed) {
+  if (d.kind == Kind::exit_on_signal) {
+    std::fprintf(stderr, "ddprun: received signal %d (%s) during the rendezvous; stopping\n",
+                 formed.signal, strsignal(formed.signal));
+  } else if (d.report == Report::rendezvous_timeout) {
+    std::fprintf(stderr, "ddprun: %s\n", formed.message.c_str());
+  } else if (d.report == Report::spare_not_needed) {
+    std::fprintf(stderr,
+                 "ddprun: the job finished while this node waited as a spare "
+                 "(--nnodes max already reached); nothing to do\n");
+  }
+  return d.exit_code;
+}
+
+// The message of a stop_and_report decision within a round.
+void report(const Decision& d, const RoundFacts& f, const LifecycleConfig& c,
+            const std::string& store_error) {
+  switch (d.report) {
+    case Report::local_summary:
+      std::fputs(format_failure_summary(c.entrypoint, f.failures).c_str(), stderr);
+      break;
+    case Report::remote_failure:
+      std::fprintf(stderr, "ddprun: stopping: %s; no restarts left (--max-restarts=%d)\n",
+                   f.event->describe().c_str(), c.max_restarts);
+      break;
+    case Report::store_lost:
+      std::fprintf(stderr, "ddprun: lost the rendezvous store at %s (%s); stopped the workers\n",
+                   c.store_where.c_str(), store_error.c_str());
+      break;
+    case Report::hang:
+      std::fprintf(stderr, "ddprun: local_rank %d stopped making progress; stopping the job\n",
+                   f.hang ? f.hang->local_rank : -1);
+      break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher& workers,
+                  EventSource& events) {
+  NodeDesc self = c.self;
+  int hint = -1;
+  int expect = 0;
+  while (true) {
+    const Formed formed = rdzv.form(self, hint, expect);
+    RoundFacts f;
+    f.formation = formed.kind;
+    f.stop_signal = formed.signal;
+    f.max_restarts = c.max_restarts;
+    f.max_nodes = c.max_nodes;
+    f.solo = c.solo;
+    if (formed.signal != 0 || formed.kind != Formation::formed) {
+      return stop_unformed(decide(f), formed);
+    }
+    const Round& round = formed.round;
+    f.restart_count = round.restart_count;
+    f.members = round.group_world_size;
+    GroupInfo g = group_of(formed, c);
+    g.attempt_dir = workers.make_attempt(round.restart_count);  // rank dirs: when spawned
+    events.open(round);
+
+    // Spawn, then watch until the policy says the round is over for this node.
+    const SpawnResult spawned = workers.start(g);
+    if (!spawned.error.empty()) {
+      f.spawn_error = spawned.error;
+      f.spawn_rank = spawned.rank;
+    } else if (spawned.stop_signal) {
+      f.stop_signal = events.take_signal();
+    }
+    std::string store_error;
+    Decision d = decide(f);
+    while (d.kind == Kind::keep_waiting) {
+      const Observation o = events.wait();
+      observe(f, o, g, self.host);
+      if (o.store_lost) store_error = o.store_error;
+      if (o.all_done && !f.local_done && o.failed.empty() && o.stop_signal == 0) {
+        f.local_done = true;  // every local worker exited 0: wait for the others' outcome
+        rdzv.finished(round);
+      }
+      d = decide(f);
+    }
+
+    bool stopped = false;
+    if (d.kind == Kind::post_failure) {
+      // The others were stopped by us: not failures of their own.
+      workers.stop(SIGTERM);
+      stopped = true;
+      for (auto& fl : f.failures) {
+        if (!fl.error_file.empty()) fl.reported = read_error_file(fl.error_file);
+      }
+      if (!f.spawn_error.empty()) {
+        std::fprintf(stderr, "ddprun: %s; %s\n", f.spawn_error.c_str(),
+                     f.restarts_left() ? "restarting" : "stopping the job");
+      }
+      const RoundEvent ours = failure_event(f, self.host, round.group_rank, g.base_global_rank);
+      f.event = rdzv.end_round(round, ours, f.restarts_left());
+      f.posted = true;
+      d = decide(f);
+    }
+
+    switch (d.kind) {
+      case Kind::exit_on_signal: {
+        std::fprintf(stderr, "ddprun: received signal %d (%s), forwarding it to the workers\n",
+                     f.stop_signal, strsignal(f.stop_signal));
+        workers.stop(f.stop_signal);
+        RoundEvent ev;
+        ev.kind = RoundEvent::Kind::signal;
+        ev.host = self.host;
+        ev.group_rank = round.group_rank;
+        ev.signal = f.stop_signal;
+        try {
+          rdzv.end_round(round, ev, /*reopen=*/true);
+        } catch (const Error&) {
+          // The store is gone too; nobody is left to tell.
+        }
+        return d.exit_code;
+      }
+      case Kind::succeed:
+        workers.finish();
+        rdzv.depart(round);
+        workers.remove_temporary_logs();
+        return 0;
+      case Kind::stop_and_report:
+        if (!stopped) workers.stop(SIGTERM);
+        report(d, f, c, store_error);
+        if (d.leave) rdzv.depart(round);
+        return d.exit_code;
+      default: break;
+    }
+
+    // restart_all or reform: a failure or a stop elsewhere (or ours, with restarts left).
+    if (!stopped) workers.stop(SIGTERM);
+    const std::string what = f.event ? f.event->describe() : "a failure";
+    self.restart_count = d.next_restart_count;
+    if (d.kind == Kind::restart_all) {
+      std::fprintf(stderr, "ddprun: %s; restarting the workers of every node, restart %d of %d\n",
+                   what.c_str(), self.restart_count, c.max_restarts);
+    } else {
+      std::fprintf(stderr, "ddprun: %s; re-forming the job (not counted as a restart)\n",
+                   what.c_str());
+    }
+    expect = d.next_expect;
+    self.prev_group_rank = round.group_rank;
+    hint = round.number + 1;
+    workers.clear();
+    events.unwatch();
+  }
+}
+
+}  // namespace ddp::launch

@@ -1,0 +1,360 @@
+// The lifecycle loop driven by fakes (no processes, no sockets): success; a local failure with
+// restarts left, then success; a local failure with none left (exit code and summary); a
+// failure elsewhere; a node joining (not counted); stop signals in the rendezvous, the spawn
+// and the round; a lost store; a spawn error; a join timeout and a spare. Each scenario checks
+// the calls the loop made on its ports, in order, and its exit code.
+#include "ddp/launch/lifecycle.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <deque>
+#include <string>
+#include <vector>
+
+using namespace ddp::launch;
+
+namespace {
+
+using Log = std::vector<std::string>;
+
+Formed round(int number, int restart_count, int members = 2, int group_rank = 0) {
+  Formed f;
+  f.round.number = number;
+  f.round.restart_count = restart_count;
+  f.round.group_world_size = members;
+  f.round.group_rank = group_rank;
+  f.round.base_global_rank = 4 * group_rank;
+  f.master_addr = "127.0.0.1";
+  f.master_port = 29500;
+  return f;
+}
+
+RoundEvent remote(RoundEvent::Kind kind, int exit_code = 0) {
+  RoundEvent e;
+  e.kind = kind;
+  e.host = "node-b";
+  e.group_rank = 1;
+  e.global_rank = 5;
+  e.local_rank = 1;
+  e.exit_code = exit_code;
+  e.what = "exit code 7";
+  return e;
+}
+
+struct FakeRendezvous : RendezvousPort {
+  Log& log;
+  std::deque<Formed> rounds;
+  std::optional<RoundEvent> held;  // an event another node posted first
+  std::vector<NodeDesc> joined;
+  std::vector<RoundEvent> posted;
+  explicit FakeRendezvous(Log& l) : log(l) {}
+
+  Formed form(const NodeDesc& self, int hint, int expect) override {
+    joined.push_back(self);
+    log.push_back("form " + std::to_string(hint) + " expect " + std::to_string(expect) + " rc " +
+                  std::to_string(self.restart_count));
+    REQUIRE(!rounds.empty());
+    Formed f = rounds.front();
+    rounds.pop_front();
+    return f;
+  }
+  void finished(const Round& r) override { log.push_back("finished " + std::to_string(r.number)); }
+  RoundEvent end_round(const Round&, const RoundEvent& e, bool reopen) override {
+    posted.push_back(e);
+    log.push_back(std::string("end_round ") + (reopen ? "reopen" : "final"));
+    if (held) return *std::exchange(held, std::nullopt);
+    return e;
+  }
+  void depart(const Round&) override { log.push_back("depart"); }
+};
+
+struct FakeWorkers : WorkerLauncher {
+  Log& log;
+  std::deque<SpawnResult> spawns;  // empty: every worker starts
+  std::vector<GroupInfo> groups;
+  explicit FakeWorkers(Log& l) : log(l) {}
+
+  std::string make_attempt(int rc) override {
+    log.push_back("attempt " + std::to_string(rc));
+    return "";
+  }
+  SpawnResult start(const GroupInfo& g) override {
+    groups.push_back(g);
+    log.push_back("start");
+    if (spawns.empty()) return {};
+    SpawnResult s = spawns.front();
+    spawns.pop_front();
+    return s;
+  }
+  void stop(int sig) override { log.push_back("stop " + std::to_string(sig)); }
+  void finish() override { log.push_back("finish"); }
+  void remove_temporary_logs() override { log.push_back("remove logs"); }
+  void clear() override { log.push_back("clear"); }
+};
+
+struct FakeEvents : EventSource {
+  Log& log;
+  std::deque<Observation> seen;
+  int pending_signal = 0;
+  explicit FakeEvents(Log& l) : log(l) {}
+
+  void open(const Round& r) override { log.push_back("watch " + std::to_string(r.number)); }
+  int take_signal() override { return std::exchange(pending_signal, 0); }
+  Observation wait() override {
+    REQUIRE(!seen.empty());  // the loop must not wait past the script
+    Observation o = seen.front();
+    seen.pop_front();
+    return o;
+  }
+  void unwatch() override { log.push_back("unwatch"); }
+};
+
+Observation all_done() {
+  Observation o;
+  o.all_done = true;
+  return o;
+}
+Observation event(const RoundEvent& e, bool done = false) {
+  Observation o;
+  o.event = e;
+  o.all_done = done;
+  return o;
+}
+Observation worker_failed(int local_rank, int code, int sig = 0) {
+  Observation o;
+  WorkerExit e;
+  e.local_rank = local_rank;
+  e.exit_code = code;
+  e.signal = sig;
+  o.failed.push_back(e);
+  return o;
+}
+
+// Runs the loop with stderr captured.
+struct Run {
+  Log log;
+  FakeRendezvous rdzv{log};
+  FakeWorkers workers{log};
+  FakeEvents events{log};
+  LifecycleConfig config;
+  std::string err;
+  Run(int max_restarts = 3) {
+    config.self.host = "node-a";
+    config.self.pid = 42;
+    config.entrypoint = "train.py";
+    config.store_where = "10.0.0.1:29400";
+    config.nproc = 4;
+    config.max_restarts = max_restarts;
+    config.max_nodes = 2;
+  }
+  int operator()() {
+    std::fflush(stderr);
+    FILE* tmp = std::tmpfile();
+    const int saved = ::dup(2);
+    ::dup2(::fileno(tmp), 2);
+    int rc = -1;
+    try {
+      rc = run_lifecycle(config, rdzv, workers, events);
+    } catch (...) {
+      std::fflush(stderr);
+      ::dup2(saved, 2);
+      ::close(saved);
+      std::fclose(tmp);
+      throw;
+    }
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::rewind(tmp);
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), tmp)) > 0) err.append(buf, n);
+    std::fclose(tmp);
+    return rc;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("lifecycle: every node finishes: success", "[unit][launch]") {
+  Run run;
+  run.rdzv.rounds = {round(0, 0)};
+  run.events.seen = {all_done(), event(remote(RoundEvent::Kind::done), true)};
+  CHECK(run() == 0);
+  CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "finished 0",
+                       "finish", "depart", "remove logs"});
+  REQUIRE(run.workers.groups.size() == 1);
+  CHECK(run.workers.groups[0].master_port == 29500);
+  CHECK(run.workers.groups[0].local_world_size == 4);
+}
+
+TEST_CASE("lifecycle: solo: the local workers' success is the job's", "[unit][launch]") {
+  Run run;
+  run.config.solo = true;
+  run.rdzv.rounds = {round(0, 0, 1)};
+  run.events.seen = {all_done()};
+  CHECK(run() == 0);
+  CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "finished 0",
+                       "finish", "depart", "remove logs"});
+}
+
+TEST_CASE("lifecycle: a local failure with restarts left, then success", "[unit][launch]") {
+  Run run;
+  run.rdzv.rounds = {round(0, 0, 2, 1), round(1, 1, 2, 1)};
+  run.events.seen = {Observation{}, worker_failed(2, 3), event(remote(RoundEvent::Kind::done))};
+  CHECK(run() == 0);
+  CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "stop 15",
+                       "end_round reopen", "clear", "unwatch", "form 1 expect 2 rc 1", "attempt 1",
+                       "watch 1", "start", "finish", "depart", "remove logs"});
+  REQUIRE(run.rdzv.posted.size() == 1);
+  const RoundEvent& ours = run.rdzv.posted[0];
+  CHECK(ours.kind == RoundEvent::Kind::failure);
+  CHECK(ours.host == "node-a");
+  CHECK(ours.group_rank == 1);
+  CHECK(ours.local_rank == 2);
+  CHECK(ours.global_rank == 6);
+  CHECK(ours.exit_code == 3);
+  CHECK(run.rdzv.joined[1].restart_count == 1);
+  CHECK(run.rdzv.joined[1].prev_group_rank == 1);
+  CHECK(run.err.find("restarting the workers of every node, restart 1 of 3") != std::string::npos);
+}
+
+TEST_CASE("lifecycle: a local failure with no restarts left: its code and the summary",
+          "[unit][launch]") {
+  Run run(0);
+  run.rdzv.rounds = {round(0, 0)};
+  run.events.seen = {worker_failed(1, 0, SIGKILL)};
+  CHECK(run() == 128 + SIGKILL);
+  CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "stop 15",
+                       "end_round final", "depart"});
+  CHECK(run.err.find("train.py FAILED") != std::string::npos);
+  CHECK(run.err.find("Signal 9 (SIGKILL)") != std::string::npos);
+}
+
+TEST_CASE("lifecycle: a failure elsewhere restarts every node, or stops it", "[unit][launch]") {
+  SECTION("restarts left: counted") {
+    Run run;
+    run.rdzv.rounds = {round(0, 0), round(1, 1)};
+    run.events.seen = {event(remote(RoundEvent::Kind::failure, 7)),
+                       event(remote(RoundEvent::Kind::done), true)};
+    CHECK(run() == 0);
+    CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "stop 15",
+                         "clear", "unwatch", "form 1 expect 2 rc 1", "attempt 1", "watch 1",
+                         "start", "finished 1", "finish", "depart", "remove logs"});
+    CHECK(run.rdzv.posted.empty());
+  }
+  SECTION("no restarts left: the failed node's code") {
+    Run run(1);
+    run.rdzv.rounds = {round(0, 1)};
+    run.events.seen = {event(remote(RoundEvent::Kind::failure, 7))};
+    CHECK(run() == 7);
+    CHECK(run.log ==
+          Log{"form -1 expect 0 rc 0", "attempt 1", "watch 0", "start", "stop 15", "depart"});
+    CHECK(run.err.find("stopping: rank 5 (local_rank 1) on node-b") != std::string::npos);
+    CHECK(run.err.find("no restarts left (--max-restarts=1)") != std::string::npos);
+  }
+  SECTION("our failure loses the race to another's: restart, counted once") {
+    Run run;
+    run.rdzv.rounds = {round(0, 0), round(1, 1)};
+    run.rdzv.held = remote(RoundEvent::Kind::failure, 7);
+    run.events.seen = {worker_failed(0, 3), event(remote(RoundEvent::Kind::done), true)};
+    CHECK(run() == 0);
+    CHECK(run.rdzv.joined[1].restart_count == 1);
+  }
+}
+
+TEST_CASE("lifecycle: a node that joins or is lost re-forms without counting", "[unit][launch]") {
+  Run run;
+  run.rdzv.rounds = {round(0, 2), round(1, 2, 1)};
+  run.events.seen = {event(remote(RoundEvent::Kind::lost)),
+                     event(remote(RoundEvent::Kind::done), true)};
+  CHECK(run() == 0);
+  CHECK(run.log[7] == "form 1 expect 1 rc 2");
+  CHECK(run.err.find("re-forming the job (not counted as a restart)") != std::string::npos);
+}
+
+TEST_CASE("lifecycle: a stop signal in every phase gives 128 + signal", "[unit][launch]") {
+  SECTION("while running: the workers get it, the round ends with it") {
+    Run run;
+    run.rdzv.rounds = {round(0, 0)};
+    Observation sig;
+    sig.stop_signal = SIGTERM;
+    run.events.seen = {all_done(), sig};
+    CHECK(run() == 128 + SIGTERM);
+    CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "finished 0",
+                         "stop 15", "end_round reopen"});
+    REQUIRE(run.rdzv.posted.size() == 1);
+    CHECK(run.rdzv.posted[0].kind == RoundEvent::Kind::signal);
+    CHECK(run.rdzv.posted[0].signal == SIGTERM);
+  }
+  SECTION("while spawning") {
+    Run run;
+    run.rdzv.rounds = {round(0, 0)};
+    SpawnResult s;
+    s.stop_signal = true;
+    run.workers.spawns = {s};
+    run.events.pending_signal = SIGINT;
+    CHECK(run() == 128 + SIGINT);
+    CHECK(run.log.back() == "end_round reopen");
+    CHECK(run.log[run.log.size() - 2] == "stop 2");
+  }
+  SECTION("in the rendezvous: nothing to stop") {
+    Run run;
+    Formed f;
+    f.signal = SIGTERM;
+    run.rdzv.rounds = {f};
+    CHECK(run() == 128 + SIGTERM);
+    CHECK(run.log == Log{"form -1 expect 0 rc 0"});
+    CHECK(run.err.find("during the rendezvous; stopping") != std::string::npos);
+  }
+}
+
+TEST_CASE("lifecycle: a lost store stops the workers and exits 1", "[unit][launch]") {
+  Run run;
+  run.rdzv.rounds = {round(0, 0)};
+  Observation o;
+  o.store_lost = true;
+  o.store_error = "connection reset";
+  run.events.seen = {o};
+  CHECK(run() == 1);
+  CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "stop 15"});
+  CHECK(run.err.find("lost the rendezvous store at 10.0.0.1:29400 (connection reset)") !=
+        std::string::npos);
+}
+
+TEST_CASE("lifecycle: a log directory that cannot be made fails the node", "[unit][launch]") {
+  Run run(0);
+  run.rdzv.rounds = {round(0, 0)};
+  SpawnResult s;
+  s.error = "cannot create the log directory /x/1: No space left on device";
+  s.rank = 1;
+  run.workers.spawns = {s};
+  CHECK(run() == 1);
+  CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "stop 15",
+                       "end_round final", "depart"});
+  REQUIRE(run.rdzv.posted.size() == 1);
+  CHECK(run.rdzv.posted[0].local_rank == 1);
+  CHECK(run.err.find("No space left on device; stopping the job") != std::string::npos);
+}
+
+TEST_CASE("lifecycle: a join timeout exits 1; a spare whose job finished exits 0",
+          "[unit][launch]") {
+  Run timeout;
+  Formed t;
+  t.kind = Formation::timed_out;
+  t.message = "only 1 of at least 2 nodes joined";
+  timeout.rdzv.rounds = {t};
+  CHECK(timeout() == 1);
+  CHECK(timeout.err.find("only 1 of at least 2 nodes joined") != std::string::npos);
+
+  Run spare;
+  Formed s;
+  s.kind = Formation::spare_not_needed;
+  spare.rdzv.rounds = {s};
+  CHECK(spare() == 0);
+  CHECK(spare.err.find("waited as a spare") != std::string::npos);
+}

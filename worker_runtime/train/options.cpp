@@ -1,0 +1,136 @@
+// ddp-train's option parser (see options.hpp): each choice's names in one table, the words
+// turned into enums once, and the checks that name the option at fault.
+#include "options.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::train {
+namespace {
+
+template <typename E>
+struct Name {
+  E value;
+  const char* text;
+};
+
+constexpr Name<Device> kDevices[] = {{Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
+constexpr Name<Backend> kBackends[] = {{Backend::gloo, "gloo"}, {Backend::nccl, "nccl"}};
+constexpr Name<Precision> kPrecisions[] = {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}};
+constexpr Name<DatasetKind> kDatasets[] = {{DatasetKind::fashion_mnist, "fashion-mnist"},
+                                           {DatasetKind::synthetic, "synthetic"}};
+constexpr Name<ModelKind> kModels[] = {{ModelKind::mlp, "mlp"},
+                                       {ModelKind::autoencoder, "autoencoder"},
+                                       {ModelKind::linear, "linear"}};
+constexpr Name<OptimizerKind> kOptimizers[] = {{OptimizerKind::sgd, "sgd"},
+                                               {OptimizerKind::adam, "adam"}};
+
+template <typename E, std::size_t N>
+std::string name_of(const Name<E> (&table)[N], E value) {
+  for (const auto& n : table) {
+    if (n.value == value) return n.text;
+  }
+  return "?";
+}
+
+template <typename E, std::size_t N>
+std::optional<E> find(const Name<E> (&table)[N], std::string_view text) {
+  for (const auto& n : table) {
+    if (text == n.text) return n.value;
+  }
+  return std::nullopt;
+}
+
+// "--flag 'word': expected <choices>" unless the word names a choice.
+template <typename E, std::size_t N>
+E parse(const Name<E> (&table)[N], std::string_view word, const char* flag, const char* choices) {
+  if (auto v = find(table, word)) return *v;
+  throw ConfigError(std::string(flag) + " '" + std::string(word) + "': expected " + choices);
+}
+
+}  // namespace
+
+std::string to_string(Device d) { return name_of(kDevices, d); }
+std::string to_string(Backend b) { return name_of(kBackends, b); }
+std::string to_string(Precision p) { return name_of(kPrecisions, p); }
+std::string to_string(DatasetKind d) { return name_of(kDatasets, d); }
+std::string to_string(ModelKind m) { return name_of(kModels, m); }
+std::string to_string(OptimizerKind k) { return name_of(kOptimizers, k); }
+
+std::optional<ModelKind> model_named(std::string_view name) { return find(kModels, name); }
+std::optional<OptimizerKind> optimizer_named(std::string_view name) {
+  return find(kOptimizers, name);
+}
+ModelKind parse_model(std::string_view name) {
+  return parse(kModels, name, "--model", "mlp, autoencoder or linear");
+}
+
+Fault parse_fault(const std::string& text) {
+  Fault f;
+  if (text.empty()) return f;
+  const auto colon = text.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    std::size_t used = 0;
+    f.rank = std::stoi(text.substr(0, colon), &used);
+    if (used != colon) throw std::invalid_argument("rank");
+    const std::string step = text.substr(colon + 1);
+    f.step = std::stoll(step, &used);
+    if (used != step.size()) throw std::invalid_argument("step");
+  } catch (const std::exception&) {
+    throw ConfigError("DDP_TRAIN_FAULT='" + text + "': expected RANK:STEP");
+  }
+  return f;
+}
+
+void apply_choices(const ChoiceWords& w, const std::function<bool()>& cuda_visible,
+                   TrainOptions& o) {
+  if (w.device == "auto") {
+    o.device = cuda_visible() ? Device::cuda : Device::cpu;
+  } else {
+    o.device = parse(kDevices, w.device, "--device", "cpu, cuda or auto");
+  }
+  if (w.backend == "auto") {
+    o.backend = o.device == Device::cuda ? Backend::nccl : Backend::gloo;
+  } else {
+    o.backend = parse(kBackends, w.backend, "--backend", "auto, gloo or nccl");
+  }
+  if ((o.backend == Backend::nccl) != (o.device == Device::cuda)) {
+    throw ConfigError("--backend " + to_string(o.backend) + " with --device " +
+                      to_string(o.device) +
+                      ": gradients on the GPU go through nccl, on the CPU through gloo");
+  }
+  o.precision = parse(kPrecisions, w.precision, "--precision", "fp32 or bf16");
+  o.dataset = parse(kDatasets, w.dataset, "--dataset", "fashion-mnist or synthetic");
+  if (w.model.empty()) {
+    o.model = o.dataset == DatasetKind::synthetic ? ModelKind::linear : ModelKind::mlp;
+  } else {
+    o.model = parse_model(w.model);
+  }
+  o.optimizer.kind = parse(kOptimizers, w.optimizer, "--optimizer", "sgd or adam");
+}
+
+void validate(const TrainOptions& o) {
+  if (o.total_epochs < 0) throw ConfigError("TOTAL_EPOCHS must be >= 0");
+  if (o.save_every < 0) throw ConfigError("SAVE_EVERY must be >= 0");
+  if (o.batch_size < 1) throw ConfigError("--batch-size must be >= 1");
+  if (o.grad_accum < 1) throw ConfigError("--grad-accum must be >= 1");
+  if (!(o.optimizer.lr > 0.0f) || !std::isfinite(o.optimizer.lr)) {
+    throw ConfigError("--lr must be a positive number");
+  }
+  if (o.optimizer.momentum < 0.0f || o.optimizer.momentum >= 1.0f) {
+    throw ConfigError("--momentum must be in [0, 1)");
+  }
+  if (!(o.bucket_cap_mb > 0.0) || o.bucket_cap_mb > 4096) {
+    throw ConfigError("--bucket-cap-mb must be in (0, 4096]");
+  }
+  if (o.max_steps < 0) throw ConfigError("--max-steps must be >= 0");
+  if (o.precision == Precision::bf16 && o.device != Device::cuda) {
+    throw ConfigError("--precision bf16 needs --device cuda (the CPU path computes in fp32)");
+  }
+  if (o.synthetic_size < 1) throw ConfigError("--synthetic-size must be >= 1");
+}
+
+}  // namespace ddp::train
