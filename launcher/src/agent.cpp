@@ -26,6 +26,8 @@
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/launch/worker_output.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/knobs.hpp"
+#include "ddp/proto/number.hpp"
 
 #include "agent_ports.hpp"
 #include "agent_store.hpp"
@@ -49,31 +51,21 @@ milliseconds seconds_setting(const std::map<std::string, std::string>& m, const 
                              double fallback, const std::string& what) {
   auto it = m.find(key);
   if (it == m.end()) return milliseconds(static_cast<long>(fallback * 1000));
-  try {
-    std::size_t used = 0;
-    double v = std::stod(it->second, &used);
-    if (used != it->second.size() || !(v >= 0 && v <= kMaxSeconds))
-      throw std::invalid_argument("x");
-    return milliseconds(static_cast<long>(v * 1000));
-  } catch (const std::exception&) {
-    throw ConfigError(what + " '" + it->second + "' is not a number of seconds in [0, " +
-                      std::to_string(static_cast<int>(kMaxSeconds)) + "]");
-  }
+  return parse_seconds(it->second, what, 0, kMaxSeconds);
 }
 
 // TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s), cut under Slurm to end before slurmstepd's SIGKILL
 // at KillWait (from the slurm.conf in SLURM_CONF; Slurm's default 30 s when it says nothing).
 milliseconds slurm_aware_grace(const std::map<std::string, std::string>& env) {
-  auto grace =
-      seconds_setting(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-  if (!env.count("SLURM_JOB_ID") && !env.count("SLURM_JOBID")) return grace;
-  auto conf = env.find("SLURM_CONF");
-  std::ifstream in(conf != env.end() ? conf->second : "/etc/slurm/slurm.conf");
+  const milliseconds grace(
+      static_cast<long>(knobs::seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env) * 1000));
+  if (!knobs::text("SLURM_JOB_ID", &env) && !knobs::text("SLURM_JOBID", &env)) return grace;
+  std::ifstream in(knobs::text("SLURM_CONF", &env).value_or("/etc/slurm/slurm.conf"));
   std::stringstream text;
   text << in.rdbuf();
   const int kill_wait = parse_kill_wait(text.str()).value_or(30);
   auto capped = stop_grace(grace, kill_wait);
-  if (capped < grace && env.count("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+  if (capped < grace && knobs::text("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env)) {
     std::fprintf(stderr,
                  "ddprun: TORCH_ELASTIC_SHUTDOWN_TIMEOUT cut to %.1f s to end before Slurm's "
                  "KillWait=%d s\n",

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/number.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -27,18 +28,9 @@ void check_local_rank(int r, const std::string& flag) {
 void check_seconds(const LaunchConfig& c, const std::string& key, bool positive) {
   auto it = c.rdzv_conf.find(key);
   if (it == c.rdzv_conf.end()) return;
-  double v = -1;
-  try {
-    std::size_t used = 0;
-    v = std::stod(it->second, &used);
-    if (used != it->second.size()) v = -1;
-  } catch (const std::exception&) {
-    v = -1;
-  }
-  if (!std::isfinite(v) || v < 0 || v > kMaxSeconds || (positive && v <= 0)) {
-    throw ConfigError("--rdzv-conf " + key + " '" + it->second + "' is not a number of seconds " +
-                      (positive ? "in (0, " : "in [0, ") + str(static_cast<int>(kMaxSeconds)) +
-                      "]");
+  const auto v = parse_seconds(it->second, "--rdzv-conf " + key, 0, kMaxSeconds);
+  if (positive && v.count() <= 0) {
+    throw ConfigError("--rdzv-conf " + key + " '" + it->second + "' must be more than 0 seconds");
   }
 }
 
@@ -137,19 +129,9 @@ void check_counts(const LaunchConfig& c) {
   }
   check_seconds(c, "keep_alive_interval", true);
   if (auto it = c.rdzv_conf.find("keep_alive_max_attempt"); it != c.rdzv_conf.end()) {
-    int v = 0;
-    try {
-      std::size_t used = 0;
-      v = std::stoi(it->second, &used);
-      if (used != it->second.size()) v = 0;
-    } catch (const std::exception&) {
-      v = 0;
-    }
-    if (v <= 0 || v > kMaxKeepAliveAttempts) {
-      throw ConfigError("--rdzv-conf keep_alive_max_attempt '" + it->second +
-                        "' is not an integer in [1, " + str(kMaxKeepAliveAttempts) + "]");
-    }
+    (void)parse_int(it->second, "--rdzv-conf keep_alive_max_attempt", 1, kMaxKeepAliveAttempts);
   }
+
   if (c.rdzv_backend == "static" && !c.standalone && c.endpoint().port == 0) {
     throw ConfigError(
         (c.rdzv_endpoint.empty() ? std::string("--master-port=0")

@@ -9,6 +9,7 @@
 
 #include "ddp/launch/slurm.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/number.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -28,13 +29,7 @@ const std::string* find(const Env& env, std::initializer_list<const char*> names
 }
 
 int integer(const std::string& name, const std::string& text, int min) {
-  int v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < min) {
-    throw ConfigError(name + "='" + text +
-                      "' (from Slurm) is not an integer >= " + std::to_string(min));
-  }
-  return v;
+  return static_cast<int>(parse_int(text, name + " (from Slurm)", min, 1 << 30));
 }
 int positive(const std::string& name, const std::string& text) { return integer(name, text, 1); }
 

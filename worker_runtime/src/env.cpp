@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/number.hpp"
 
 namespace ddp::worker {
 namespace {
@@ -18,16 +19,7 @@ std::optional<std::string> find(const Env& env, const std::string& name) {
 }
 
 long long parse_int(const std::string& name, const std::string& text, long long lo, long long hi) {
-  long long v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw ConfigError(name + "='" + text + "' is not an integer");
-  }
-  if (v < lo || v > hi) {
-    throw ConfigError(name + "=" + text + " is out of range (" + std::to_string(lo) + ".." +
-                      std::to_string(hi) + ")");
-  }
-  return v;
+  return ddp::parse_int(text, name, lo, hi);  // the one parser, its one message shape
 }
 
 int required_int(const Env& env, const std::string& name, long long lo, long long hi) {

@@ -14,6 +14,7 @@
 
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/knobs.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
@@ -52,14 +53,11 @@ std::map<std::string, std::string> environment() {
 }
 
 int default_threads(const std::map<std::string, std::string>& env) {
-  if (auto it = env.find("OMP_NUM_THREADS"); it != env.end()) {
-    try {
-      const int n = std::stoi(it->second);
-      if (n >= 1) return n;
-    } catch (const std::exception&) {
-    }
+  try {
+    return static_cast<int>(ddp::knobs::integer("OMP_NUM_THREADS", 1, 1 << 16, &env));
+  } catch (const ddp::ConfigError&) {
+    return 1;  // unset or not a count: one thread per rank, as torchrun's default
   }
-  return 1;
 }
 
 // The error file's "type": the error's kind, as a Python traceback would name it.
@@ -80,6 +78,7 @@ int main(int argc, char** argv) {
   train::ChoiceWords words;  // --model, --dataset, ...: enums once apply_choices() has run
   int threads = default_threads(env);
   bool no_eval = false;
+  bool shm_allreduce = true;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
   app.add_option("SAVE_EVERY", o.save_every, "write the snapshot every N epochs (0: never)")
@@ -114,13 +113,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     o.eval = !no_eval;
-    if (auto it = env.find("DDP_TRAIN_FAULT"); it != env.end()) {
-      o.fault = train::parse_fault(it->second);
-    }
-    if (auto it = env.find("DDP_SHM_ALLREDUCE");
-        it != env.end() && it->second != "0" && it->second != "1") {
-      throw ConfigError("DDP_SHM_ALLREDUCE='" + it->second + "': expected 0 or 1");
-    }
+    if (auto fault = knobs::text("DDP_TRAIN_FAULT", &env)) o.fault = train::parse_fault(*fault);
+    shm_allreduce = knobs::flag01("DDP_SHM_ALLREDUCE", &env);  // checked before any peer
     if (threads < 1) throw ConfigError("--threads must be >= 1");
     train::apply_choices(
         words, [] { return kernels::cuda_built() && kernels::cuda_device_count() > 0; }, o);
@@ -166,12 +160,11 @@ int main(int argc, char** argv) {
         co.size = wenv.world_size;
         co.store = store->client();
         co.route_towards = wenv.master_addr;
-        if (auto it = env.find("GLOO_SOCKET_IFNAME"); it != env.end()) co.iface = it->second;
+        if (auto iface = knobs::text("GLOO_SOCKET_IFNAME", &env)) co.iface = *iface;
         co.key_prefix = wenv.store_prefix() + "/ddp_train/gloo";
         comm = worker::make_gloo_communicator(co);
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
-        const auto shm = env.find("DDP_SHM_ALLREDUCE");
-        if (wenv.local_world_size == wenv.world_size && (shm == env.end() || shm->second == "1")) {
+        if (wenv.local_world_size == wenv.world_size && shm_allreduce) {
           comm = worker::make_local_communicator(std::move(comm), co);
         }
         if (o.backend == train::Backend::nccl) {

@@ -67,7 +67,7 @@ TEST_CASE("missing, malformed and inconsistent values are named", "[unit][worker
   CHECK_THAT(error_of(e), Catch::Contains("RANK is not set") && Catch::Contains("ddprun"));
   e = minimal();
   e["WORLD_SIZE"] = "four";
-  CHECK_THAT(error_of(e), Catch::Contains("WORLD_SIZE='four' is not an integer"));
+  CHECK_THAT(error_of(e), Catch::Contains("WORLD_SIZE 'four' is not an integer"));
   e = minimal();
   e["RANK"] = "4";
   CHECK_THAT(error_of(e), Catch::Contains("RANK=4 is not below WORLD_SIZE=4"));
@@ -86,14 +86,14 @@ TEST_CASE("missing, malformed and inconsistent values are named", "[unit][worker
   CHECK_THAT(error_of(e), Catch::Contains("MASTER_ADDR is not set"));
   e = minimal();
   e["RANK"] = "-1";
-  CHECK_THAT(error_of(e), Catch::Contains("RANK=-1 is out of range"));
+  CHECK_THAT(error_of(e), Catch::Contains("RANK '-1' is out of range"));
   e = minimal();
   e["GROUP_RANK"] = "2";
   e["GROUP_WORLD_SIZE"] = "2";
   CHECK_THAT(error_of(e), Catch::Contains("GROUP_RANK=2 is not below GROUP_WORLD_SIZE=2"));
   e = minimal();
   e["TORCHELASTIC_RESTART_COUNT"] = "1x";
-  CHECK_THAT(error_of(e), Catch::Contains("TORCHELASTIC_RESTART_COUNT='1x'"));
+  CHECK_THAT(error_of(e), Catch::Contains("TORCHELASTIC_RESTART_COUNT '1x' is not an integer"));
 }
 
 TEST_CASE("a worker's GPU: LOCAL_RANK among the visible ones, or the only one", "[unit][worker]") {
