@@ -69,9 +69,9 @@ int main(int argc, char** argv) {
   int rc = 1;
   try {
     rc = ddp::launch::run_agent(config, env, process);
-  } catch (const ddp::ConfigError& e) {
+  } catch (const ddp::Error& e) {  // the kind decides the exit code: 2 usage/config, else 1
     std::cerr << "ddprun: " << e.what() << "\n";
-    rc = 2;
+    rc = ddp::exit_code(e.code());
   } catch (const std::exception& e) {
     std::cerr << "ddprun: " << e.what() << "\n";
     rc = 1;

@@ -100,12 +100,9 @@ int main(int argc, char** argv) {
         "served {} connections, {} requests; closed {} for protocol errors, {} for an "
         "unfinished request, {} over a memory budget",
         st.connections_total, st.requests, st.protocol_errors, st.frame_timeouts, st.over_budget);
-  } catch (const ddp::ConfigError& e) {
-    log.error("{}", e.what());
-    return 2;
   } catch (const ddp::Error& e) {
     log.error("{}", e.what());
-    return 1;
+    return ddp::exit_code(e.code());  // 2 for a bad setting, 1 for the rest
   }
   return 0;
 }

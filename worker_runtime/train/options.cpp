@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/number.hpp"
 
 namespace ddp::train {
 namespace {
@@ -72,14 +73,10 @@ Fault parse_fault(const std::string& text) {
   if (text.empty()) return f;
   const auto colon = text.find(':');
   try {
-    if (colon == std::string::npos) throw std::invalid_argument("no colon");
-    std::size_t used = 0;
-    f.rank = std::stoi(text.substr(0, colon), &used);
-    if (used != colon) throw std::invalid_argument("rank");
-    const std::string step = text.substr(colon + 1);
-    f.step = std::stoll(step, &used);
-    if (used != step.size()) throw std::invalid_argument("step");
-  } catch (const std::exception&) {
+    if (colon == std::string::npos) throw ConfigError("no colon");
+    f.rank = static_cast<int>(parse_int(text.substr(0, colon), "rank", 0, 1 << 24));
+    f.step = parse_int(text.substr(colon + 1), "step", 0, std::int64_t{1} << 62);
+  } catch (const ConfigError&) {
     throw ConfigError("DDP_TRAIN_FAULT='" + text + "': expected RANK:STEP");
   }
   return f;
