@@ -200,13 +200,10 @@ TEST_CASE("a second VALIDATE and a BARRIER of no one are refused", "[integration
 }
 
 TEST_CASE("the listener and every accepted connection are close-on-exec", "[integration]") {
-  ServerOptions o;
-  o.threads = 1;
-  Server s(o);
-  auto a = s.client();
-  auto b = s.client();
-  CHECK(a->add("x", 1) == 1);
-  CHECK(b->add("x", 1) == 2);
+  Server s(small());
+  auto clients = {s.client(), s.client()};
+  std::int64_t n = 0;
+  for (const auto& c : clients) CHECK(c->add("x", 1) == ++n);
   int sockets = 0;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
     int fd = std::stoi(e.path().filename().string());
