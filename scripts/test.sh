@@ -119,8 +119,8 @@ if command -v nvcc >/dev/null; then
     # With a GPU, also the whole-job check of the GPU path against the CPU path.
     if build-cuda/bin/ddp_gpu_tests --list-tests >/dev/null 2>&1; [[ $? != 77 ]]; then
       step "gpu: ddp-train on cuda = cpu" env DDP_BIN_DIR="$root/build-cuda/bin" \
-        "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/interop/test_ddp_train.py \
-        -k gpu_steps_match
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/interop/test_ddp_train_variants.py -k gpu_steps_match
     fi
     return 0  # run_ctest counted the results
   }

@@ -1,171 +1,34 @@
 """ddp-train (docs/ddp_train.md), the built-in C++ data-parallel trainer, run as users run it:
 under ddprun (--no-python: it is a program, not a script) and alone (no RANK: world size 1).
 
-Covered: N ranks with batch B/N take the same steps as one rank with batch B (SGD and Adam),
-gradient accumulation equals the big batch, same seed same run, a rank SIGKILLed mid-epoch
-under `ddprun --max-restarts=1` resumes to the very parameters of an uninterrupted run,
-SIGUSR1/SIGTERM snapshots and resuming from them, exit codes and error messages for bad
-inputs (and ddprun's failure summary for them), and the autoencoder model.
+Covered here: N ranks with batch B/N take the same steps as one rank with batch B (SGD and
+Adam), gradient accumulation equals the big batch, same seed same run, a rank SIGKILLed
+mid-epoch under `ddprun --max-restarts=1` resumes to the very parameters of an uninterrupted
+run, and SIGUSR1/SIGTERM snapshots and resuming from them. Bad inputs, the autoencoder, other
+launchers and the GPU path are in test_ddp_train_variants.py; the helpers both use are in
+ddp_train_helpers.py.
 
 Every run is small (--train-subset 2048, --threads 1: seconds on 2 cores), works in tmp_path
 (the default snapshot path is relative to the working directory, and a snapshot found at start
 is resumed from, so every run names its own), and is bounded by a timeout. Snapshots are parsed
 and their FNV-1a 64 checksum verified here, independently of the trainer.
 """
-import glob
-import json
 import math
 import os
 import re
 import signal
-import struct
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import BIN, popen_retry
+from conftest import popen_retry
+from ddp_train_helpers import (SUBSET, TRAIN, checksum_value, clean_env, ddprun, fm_args,
+                               needs_ddp_train, needs_fmnist, output, read_metrics,
+                               read_snapshot, train)
 
-TRAIN = os.path.join(BIN, "ddp-train")
-DDPRUN = os.path.join(BIN, "ddprun")
-FMNIST = "/usr/share/datasets/fashion-mnist"
-FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                "t10k-labels-idx1-ubyte")
-
-pytestmark = pytest.mark.skipif(not os.path.exists(TRAIN),
-                                reason=f"ddp-train not built at {TRAIN} (set DDP_BIN_DIR)")
-
-
-def _have_fmnist():
-    return all(os.path.exists(os.path.join(FMNIST, f)) or
-               os.path.exists(os.path.join(FMNIST, f + ".gz")) for f in FMNIST_FILES)
-
-
-needs_fmnist = pytest.mark.skipif(not _have_fmnist(),
-                                  reason=f"Fashion-MNIST IDX files not found in {FMNIST}")
-
-SUBSET = 2048
-PARAM_COUNTS = {"mlp": 235146, "autoencoder": 234640, "linear": 21}  # from docs' layer tables
-
-
-# ----------------------------------------------------------------------------------- snapshots
-
-FNV_OFFSET, FNV_PRIME, U64 = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
-
-
-def fnv1a64(data):
-    h = FNV_OFFSET
-    for b in data:
-        h = ((h ^ b) * FNV_PRIME) & U64
-    return h
-
-
-def read_snapshot(path):
-    """Parses a snapshot as docs/ddp_train.md lays it out and checks every part of it: magic,
-    header length, JSON header, sizes, and the trailing FNV-1a 64 of all bytes before it.
-    Returns (header, params, opt_state, params_fnv): float32 numpy arrays, and the FNV-1a 64 of
-    the parameter bytes alone (what --metrics-json calls param_checksum)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:8] == b"DDPSNAP1", f"{path}: bad magic {data[:8]!r}"
-    (hlen,) = struct.unpack_from("<I", data, 8)
-    assert 12 + hlen <= len(data), f"{path}: header length {hlen} past the end ({len(data)})"
-    header = json.loads(data[12:12 + hlen].decode())
-    for key in ("model", "params", "optimizer", "opt_state", "epoch", "step", "global_step",
-                "seed", "lr", "adam_t", "world_size", "batch_size"):
-        assert key in header, f"{path}: header lacks {key!r}: {header}"
-    n, m = header["params"], header["opt_state"]
-    off = 12 + hlen
-    assert len(data) == off + 4 * (n + m) + 8, \
-        f"{path}: {len(data)} bytes, expected {off + 4 * (n + m) + 8} for {n} + {m} floats"
-    (stored,) = struct.unpack_from("<Q", data, len(data) - 8)
-    computed = fnv1a64(data[:-8])
-    assert stored == computed, f"{path}: checksum {stored:#x} != FNV-1a 64 {computed:#x}"
-    params = np.frombuffer(data, dtype="<f4", count=n, offset=off).copy()
-    opt = np.frombuffer(data, dtype="<f4", count=m, offset=off + 4 * n).copy()
-    if header["model"] in PARAM_COUNTS:
-        assert n == PARAM_COUNTS[header["model"]], header
-    assert np.all(np.isfinite(params)), f"{path}: non-finite parameters"
-    return header, params, opt, fnv1a64(data[off:off + 4 * n])
-
-
-def read_metrics(path):
-    with open(path) as f:
-        return json.load(f)
-
-
-def checksum_value(text):
-    """param_checksum is documented as hex: accept '0x...' or bare digits."""
-    return int(str(text), 16)
-
-
-# ------------------------------------------------------------------------------------ running
-
-LAUNCH_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-               "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-               "MASTER_PORT", "DDP_TRAIN_FAULT"}
-
-
-def clean_env(extra=None):
-    """This process's environment without any launcher contract (a direct run must be world
-    size 1 even if pytest itself was started by a launcher) or a leftover fault injection."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCH_VARS and not k.startswith("TORCHELASTIC_")}
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def run_bounded(argv, cwd, env, timeout):
-    p = popen_retry(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    stdin=subprocess.DEVNULL, text=True, cwd=str(cwd), env=env)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGTERM)  # ddprun stops its workers on SIGTERM
-        try:
-            out, err = p.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-        pytest.fail(f"{' '.join(argv)} did not finish in {timeout} s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(argv, p.returncode, out, err)
-
-
-def train(args, cwd, env=None, timeout=120):
-    """ddp-train alone: no RANK in its environment, so one process, world size 1."""
-    return run_bounded([TRAIN, *args], cwd, clean_env(env), timeout)
-
-
-def ddprun(nproc, args, cwd, env=None, launcher_args=(), timeout=180):
-    """ddp-train under `ddprun --standalone --nproc-per-node=N --no-python`."""
-    argv = [DDPRUN, "--standalone", f"--nproc-per-node={nproc}", *launcher_args, "--no-python",
-            TRAIN, *args]
-    # A bounded grace for workers ddprun stops, so nothing can stall a test for 30 s.
-    e = clean_env({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10", **(env or {})})
-    return run_bounded(argv, cwd, e, timeout)
-
-
-def output(p):
-    return f"--- exit {p.returncode}\n--- stdout:\n{p.stdout}\n--- stderr:\n{p.stderr}"
-
-
-def fm_args(epochs, save_every, snapshot, metrics=None, *opts, subset=SUBSET):
-    """Options first, then TOTAL_EPOCHS SAVE_EVERY, as in the documented synopsis."""
-    a = ["--data", FMNIST, "--train-subset", str(subset), "--threads", "1",
-         "--snapshot", str(snapshot)]
-    if metrics is not None:
-        a += ["--metrics-json", str(metrics)]
-    return [*a, *opts, str(epochs), str(save_every)]
-
-
-def summary_block(stderr):
-    """torchrun's failure summary: from the first '====' rule on."""
-    start = stderr.find("=" * 60)
-    assert start >= 0, "no failure summary in:\n" + stderr
-    return stderr[start:]
+pytestmark = needs_ddp_train
 
 
 # ----------------------------------------------------- 1. N ranks with B/N == one rank with B
@@ -374,186 +237,3 @@ def test_sigterm_saves_snapshot(tmp_path):
         assert not np.array_equal(pf, params)
 
 
-# ------------------------------------------------------------------------- 6. bad inputs
-
-@pytest.mark.parametrize("bad", [
-    ["--model", "resnet"],
-    ["--optimizer", "rmsprop"],
-    ["--batch-size", "abc"],
-    ["--grad-accum", "0"],
-    ["--lr", "fast"],
-    ["--backend", "nccl"],  # until the GPU path lands (issue 6)
-    ["--backend", "mpi"],
-])
-def test_bad_option_exits_2_naming_it(tmp_path, bad):
-    p = train(["--dataset", "synthetic", "--snapshot", str(tmp_path / "s.ddp"), *bad, "1", "0"],
-              tmp_path, timeout=60)
-    assert p.returncode == 2, output(p)
-    assert bad[0] in p.stdout + p.stderr, output(p)
-    assert not (tmp_path / "s.ddp").exists()
-
-
-def test_missing_positional_is_a_usage_error(tmp_path):
-    p = train(["--dataset", "synthetic", "--snapshot", str(tmp_path / "s.ddp"), "1"], tmp_path,
-              timeout=60)
-    assert p.returncode == 2, output(p)
-
-
-def test_missing_data_dir_is_a_caught_error(tmp_path):
-    missing = tmp_path / "no-such-dataset"
-    p = train(["--data", str(missing), "--snapshot", str(tmp_path / "s.ddp"), "1", "0"],
-              tmp_path, timeout=60)
-    assert p.returncode == 1, output(p)
-    assert str(missing) in p.stdout + p.stderr, output(p)
-
-
-@pytest.mark.parametrize("damage", ["garbage", "bitflip", "truncated"])
-def test_corrupt_snapshot_is_an_error_naming_it(tmp_path, damage):
-    snap = tmp_path / "s.ddp"
-    common = ["--dataset", "synthetic", "--threads", "1", "--snapshot", str(snap)]
-    if damage == "garbage":
-        snap.write_bytes(b"this is not a snapshot\n" * 40)
-    else:
-        p = train([*common, "--max-steps", "1", "1", "0"], tmp_path, timeout=60)
-        assert p.returncode == 0, output(p)
-        header, _, _, _ = read_snapshot(snap)
-        assert header["model"] == "linear" and header["global_step"] == 1, header
-        data = bytearray(snap.read_bytes())
-        if damage == "bitflip":
-            data[len(data) - 8 - 4 * (header["opt_state"] + 1)] ^= 0x10  # the last parameter
-        else:
-            del data[-20:]
-        snap.write_bytes(bytes(data))
-    p = train([*common, "2", "0"], tmp_path, timeout=60)
-    assert p.returncode != 0, output(p)
-    assert str(snap) in p.stdout + p.stderr or snap.name in p.stdout + p.stderr, output(p)
-
-
-@needs_fmnist
-def test_snapshot_of_another_model_is_an_error(tmp_path):
-    snap = tmp_path / "s.ddp"
-    p = train(["--dataset", "synthetic", "--threads", "1", "--snapshot", str(snap),
-               "--max-steps", "1", "1", "0"], tmp_path, timeout=60)
-    assert p.returncode == 0, output(p)
-    p = train(fm_args(1, 0, snap, None, "--no-eval"), tmp_path)  # mlp on a linear snapshot
-    assert p.returncode != 0, output(p)
-    assert str(snap) in p.stdout + p.stderr or snap.name in p.stdout + p.stderr, output(p)
-
-
-def test_failing_worker_under_ddprun_reports_its_error(tmp_path):
-    missing = tmp_path / "no-such-dataset"
-    logs = tmp_path / "logs"
-    p = ddprun(2, ["--data", str(missing), "--snapshot", str(tmp_path / "s.ddp"), "1", "0"],
-               tmp_path, launcher_args=[f"--log-dir={logs}"], timeout=120)
-    assert p.returncode == 1, output(p)
-    summary = summary_block(p.stderr)
-    assert "error_file: <N/A>" not in summary, summary  # the worker wrote its error file ...
-    assert str(missing) in summary, summary  # ... and its message is the reported cause
-    files = glob.glob(str(logs / "*" / "attempt_0" / "*" / "error.json"))
-    assert files, (os.listdir(logs) if logs.exists() else "no log dir", summary)
-    assert any(str(missing) in open(f).read() for f in files), files
-
-
-# ---------------------------------------------------------------------- 7. the autoencoder
-
-@needs_fmnist
-def test_autoencoder_runs(tmp_path):
-    # Adam: plain SGD barely moves a sigmoid autoencoder in 32 steps (MSE stays ~0.17, the
-    # "predict 0.5" level); Adam at 3e-3 gets to ~0.06 (the mean image alone gives ~0.087).
-    p = ddprun(2, fm_args(1, 0, tmp_path / "ae.ddp", tmp_path / "m.json", "--model",
-                          "autoencoder", "--optimizer", "adam", "--lr", "3e-3", "--seed", "1"),
-               tmp_path)
-    assert p.returncode == 0, output(p)
-    m = read_metrics(tmp_path / "m.json")
-    assert m["model"] == "autoencoder" and m["world_size"] == 2, m
-    mse = m["test_mse"]
-    assert isinstance(mse, float) and math.isfinite(mse) and 0 <= mse < 0.1, m
-    assert "test mse:" in p.stdout, output(p)
-    h, _, _, _ = read_snapshot(tmp_path / "ae.ddp")
-    assert h["model"] == "autoencoder" and h["optimizer"] == "adam", h
-
-
-# ------------------------------------- 8. the same job under torchrun, and without shared memory
-
-@needs_fmnist
-def test_same_bits_under_torchrun_ddprun_and_gloo_alone(tmp_path):
-    """ddp-train is a worker like any other: torch's own torchrun (its agent store is torch's
-    TCPStore server) runs it too. With 2 ranks the shared-memory and Gloo sums are the same
-    IEEE additions, so all three runs end with identical parameters."""
-    def args(work):
-        return fm_args(1, 0, work / "s.ddp", work / "m.json", "--lr", "0.1", "--seed", "5",
-                       "--no-eval")
-
-    runs = {}
-    for name in ("ddprun", "torchrun", "gloo"):
-        work = tmp_path / name
-        work.mkdir()
-        if name == "torchrun":
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node=2", "--no-python", TRAIN, *args(work)]
-            p = run_bounded(argv, work, clean_env(), 240)
-        elif name == "gloo":
-            p = ddprun(2, args(work), work, env={"DDP_SHM_ALLREDUCE": "0"})
-        else:
-            # No --no-python: ddprun sees a compiled program and runs it directly.
-            argv = [DDPRUN, "--standalone", "--nproc-per-node=2", TRAIN, *args(work)]
-            p = run_bounded(argv, work, clean_env(), 180)
-        assert p.returncode == 0, output(p)
-        runs[name] = (p, read_metrics(work / "m.json"))
-    backends = {n: re.search(r"backend ([^\s,]+)", p.stdout + p.stderr) for n, (p, _) in runs.items()}
-    assert backends["ddprun"] and backends["ddprun"].group(1) == "gloo+shm", output(runs["ddprun"][0])
-    assert backends["torchrun"] and backends["torchrun"].group(1) == "gloo+shm"
-    assert backends["gloo"] and backends["gloo"].group(1) == "gloo", output(runs["gloo"][0])
-    sums = {n: checksum_value(m["param_checksum"]) for n, (_, m) in runs.items()}
-    assert len(set(sums.values())) == 1, sums
-    assert runs["torchrun"][1]["world_size"] == 2
-
-
-def test_tutorial_spelling_of_batch_size(tmp_path):
-    """The tutorials' script takes --batch_size; both spellings work."""
-    p = train(["--dataset", "synthetic", "--batch_size", "16", "--snapshot", "",
-               "--metrics-json", str(tmp_path / "m.json"), "1", "1"], tmp_path)
-    assert p.returncode == 0, output(p)
-    m = read_metrics(tmp_path / "m.json")
-    assert m["batch_size"] == 16 and m["model"] == "linear", m
-    assert m["steps"] == 2048 // 16, m
-
-
-# ----------------------------------------------- 9. the GPU path against the CPU path (GPU only)
-
-def _cuda_usable():
-    """ddp-train itself says whether it can run on a GPU here: built with CUDA and a device."""
-    try:
-        p = subprocess.run([TRAIN, "--device", "cuda", "--dataset", "synthetic", "--snapshot", "",
-                            "--max-steps", "1", "--no-eval", "1", "0"],
-                           capture_output=True, text=True, timeout=120, env=clean_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return p.returncode == 0
-
-
-@needs_fmnist
-def test_gpu_steps_match_the_cpu_path(tmp_path):
-    if not _cuda_usable():
-        pytest.skip("no GPU here, or a build without CUDA: the GPU path did not run")
-    runs = {}
-    for device in ("cpu", "cuda"):
-        work = tmp_path / device
-        work.mkdir()
-        # One rank: the test GPU machine has one GPU, and NCCL refuses two ranks on one device.
-        p = ddprun(1, fm_args(1, 0, work / "s.ddp", work / "m.json", "--lr", "0.05",
-                              "--momentum", "0.9", "--device", device, "--max-steps", "20"), work)
-        assert p.returncode == 0, output(p)
-        runs[device] = read_metrics(work / "m.json")
-        assert f"device {device}" in p.stdout, output(p)
-    c, g = runs["cpu"], runs["cuda"]
-    assert abs(c["final_loss"] - g["final_loss"]) <= 1e-3 * max(1.0, abs(c["final_loss"])), (c, g)
-    assert abs(c["test_accuracy"] - g["test_accuracy"]) <= 0.01, (c, g)
-
-
-def test_bad_shm_switch_is_named(tmp_path):
-    """DDP_SHM_ALLREDUCE is 0 or 1; anything else is refused before any communication."""
-    p = train(["--dataset", "synthetic", "--snapshot", "", "1", "0"], tmp_path,
-              env={"DDP_SHM_ALLREDUCE": "yes"})
-    assert p.returncode == 2, output(p)
-    assert "DDP_SHM_ALLREDUCE='yes'" in p.stderr, output(p)
