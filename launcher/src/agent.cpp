@@ -28,6 +28,8 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 #include "ddp/proto/number.hpp"
+#include "ddp/launch/limits.hpp"
+#include "ddp/launch/store_clients.hpp"
 
 #include "agent_ports.hpp"
 #include "agent_store.hpp"
@@ -128,19 +130,16 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                                           "--rdzv-conf keep_alive_interval");
   int keep_alive_attempts = 3;
   if (auto it = config.rdzv_conf.find("keep_alive_max_attempt"); it != config.rdzv_conf.end()) {
-    const std::string& t = it->second;
-    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), keep_alive_attempts);
-    if (ec != std::errc() || end != t.data() + t.size() || keep_alive_attempts <= 0) {
-      throw ConfigError("--rdzv-conf keep_alive_max_attempt '" + it->second +
-                        "' is not a positive integer");
-    }
+    keep_alive_attempts = static_cast<int>(
+        parse_int(it->second, "--rdzv-conf keep_alive_max_attempt", 1, kMaxKeepAliveAttempts));
   }
   if (keep_alive.count() <= 0) {
     throw ConfigError("--rdzv-conf keep_alive_interval must be > 0");
   }
-  rdzv::ClientOptions co;
-  co.timeout = seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout");
-  co.connect_timeout = ro.join_timeout;
+  const StoreClients clients = store_clients(
+      seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout"),
+      ro.join_timeout, keep_alive * keep_alive_attempts);
+  const rdzv::ClientOptions& co = clients.rendezvous;
   const std::string prefix_template =
       config.log_line_prefix_template ? *config.log_line_prefix_template : kDefaultPrefixTemplate;
   (void)expand_prefix(prefix_template, {});  // a bad template fails before anything starts
@@ -203,7 +202,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   std::unique_ptr<Liveness> liveness;
   std::string lost_will;
   if (!solo) {
-    liveness = std::make_unique<Liveness>(rs.host, rs.port, keep_alive, keep_alive_attempts);
+    liveness = std::make_unique<Liveness>(rs.host, rs.port, clients.liveness, keep_alive,
+                                          keep_alive_attempts);
     RoundEvent lost;
     lost.kind = RoundEvent::Kind::lost;
     lost.host = host;
@@ -214,7 +214,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   StoreRendezvous rounds({rdzv, store, sigfd, solo, rs.server != nullptr, rs.host, rs.port,
                           liveness.get(), lost_will});
   LocalRound local({config, agent_env, process, logs, rdzv, grace, sigfd, passfd, chldfd,
-                    prefix_template, host, nproc, solo, rs.host, rs.port});
+                    prefix_template, host, nproc, solo, rs.host, rs.port, clients.watcher});
   LifecycleConfig lc;
   lc.self = self;
   lc.run_id = config.rdzv_id;

@@ -133,7 +133,7 @@ std::string LocalRound::make_attempt(int restart_count) {
 void LocalRound::open(const Round& round) {
   if (!s_.solo) {
     watcher_ = std::make_unique<EventWatcher>(s_.store_host, s_.store_port,
-                                              s_.rendezvous.event_key(round));
+                                              s_.rendezvous.event_key(round), s_.watcher_client);
   }
 }
 

@@ -71,6 +71,7 @@ class LocalRound final : public WorkerLauncher, public EventSource {
     bool solo = false;  // no event watcher
     std::string store_host;
     std::uint16_t store_port = 0;
+    rdzv::ClientOptions watcher_client;  // store_clients(): the one place for timeouts
   };
   explicit LocalRound(Setup setup) : s_(std::move(setup)) {}
   ~LocalRound() override {

@@ -5,13 +5,10 @@
 
 namespace ddp::launch {
 
-Liveness::Liveness(const std::string& host, std::uint16_t port, std::chrono::milliseconds interval,
-                   int max_attempts)
+Liveness::Liveness(const std::string& host, std::uint16_t port, rdzv::ClientOptions options,
+                   std::chrono::milliseconds interval, int max_attempts)
     : interval_(interval), ttl_(interval * std::max(1, max_attempts)) {
-  rdzv::ClientOptions co;
-  co.timeout = std::max(ttl_, std::chrono::milliseconds(1000));
-  co.connect_timeout = std::chrono::milliseconds(10000);
-  client_ = std::make_unique<rdzv::StoreClient>(host, port, co);
+  client_ = std::make_unique<rdzv::StoreClient>(host, port, options);
   lease_ = client_->lease_grant(ttl_, /*bind_to_connection=*/true);
   thread_ = std::thread([this] { beat(); });
 }

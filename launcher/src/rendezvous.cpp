@@ -269,11 +269,12 @@ void Rendezvous::wait_all_left(const Round& round, milliseconds timeout) {
   }
 }
 
-EventWatcher::EventWatcher(const std::string& host, std::uint16_t port, std::string key) {
+EventWatcher::EventWatcher(const std::string& host, std::uint16_t port, std::string key,
+                           rdzv::ClientOptions options) {
   efd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
   try {
-    client_ = std::make_unique<rdzv::StoreClient>(host, port);
+    client_ = std::make_unique<rdzv::StoreClient>(host, port, options);
   } catch (...) {
     ::close(efd_);
     throw;

@@ -284,7 +284,7 @@ TEST_CASE("a clean exit of the liveness keeper fires no will", "[integration][la
   Store s;
   auto c = s.client();
   {
-    Liveness live("127.0.0.1", s.server.port(), 100ms, 2);
+    Liveness live("127.0.0.1", s.server.port(), ddp::rdzv::ClientOptions{}, 100ms, 2);
     live.set_will("/w/event", "lost");
     CHECK(live.ttl() == 200ms);
   }

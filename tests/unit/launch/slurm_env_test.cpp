@@ -223,7 +223,8 @@ TEST_CASE("malformed SLURM_* values are named, and a flag that makes them moot w
 
   env = step_on_n2();
   env["SLURM_GPUS_ON_NODE"] = "x";
-  CHECK(bad({"train.py"}, env).find("SLURM_GPUS_ON_NODE (from Slurm) 'x' is not an integer") != std::string::npos);
+  CHECK(bad({"train.py"}, env).find("SLURM_GPUS_ON_NODE (from Slurm) 'x' is not an integer") !=
+        std::string::npos);
   CHECK(ok({"--nproc-per-node=2", "train.py"}, env).nproc_per_node == "2");
   env["SLURM_GPUS_ON_NODE"] = "0";  // no GPUs: no default from it
   CHECK(ok({"train.py"}, env).nproc_per_node == "1");

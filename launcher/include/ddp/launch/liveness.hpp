@@ -20,8 +20,8 @@ namespace ddp::launch {
 
 class Liveness {
  public:
-  Liveness(const std::string& host, std::uint16_t port, std::chrono::milliseconds interval,
-           int max_attempts);
+  Liveness(const std::string& host, std::uint16_t port, rdzv::ClientOptions options,
+           std::chrono::milliseconds interval, int max_attempts);
   ~Liveness();  // revokes the lease: a clean exit fires no will
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;

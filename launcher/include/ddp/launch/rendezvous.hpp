@@ -98,7 +98,8 @@ class Rendezvous {
 // together with its workers' pidfds and its signalfd.
 class EventWatcher {
  public:
-  EventWatcher(const std::string& host, std::uint16_t port, std::string key);
+  EventWatcher(const std::string& host, std::uint16_t port, std::string key,
+               rdzv::ClientOptions options = {});
   ~EventWatcher();  // interrupts the WAIT and joins
   EventWatcher(const EventWatcher&) = delete;
   EventWatcher& operator=(const EventWatcher&) = delete;

@@ -1,0 +1,34 @@
+// The agent's three connections to the rendezvous store and their timeouts, decided in one
+// place from --rdzv-conf (all three go through the one dialer, rdzv::StoreClient):
+//   rendezvous: each reply within read_timeout (60 s); connecting retries for the join
+//               timeout (600 s), since the node that hosts the store may start later;
+//   liveness:   the heartbeat's replies within the lease's ttl (at least 1 s), since a later
+//               reply is a missed beat anyway; 10 s to connect (the store is up by then);
+//   watcher:    holds one WAIT for a whole round (renewed each day): its replies are bounded
+//               by that WAIT, not by read_timeout; connecting as the rendezvous client does.
+#pragma once
+
+#include <chrono>
+
+#include "ddp/rdzv/client.hpp"
+
+namespace ddp::launch {
+
+struct StoreClients {
+  rdzv::ClientOptions rendezvous, liveness, watcher;
+};
+
+inline StoreClients store_clients(std::chrono::milliseconds read_timeout,
+                                  std::chrono::milliseconds join_timeout,
+                                  std::chrono::milliseconds lease_ttl) {
+  StoreClients c;
+  c.rendezvous.timeout = read_timeout;
+  c.rendezvous.connect_timeout = join_timeout;
+  c.liveness.timeout = std::max(lease_ttl, std::chrono::milliseconds(1000));
+  c.liveness.connect_timeout = std::chrono::seconds(10);
+  c.watcher.timeout = read_timeout;
+  c.watcher.connect_timeout = join_timeout;
+  return c;
+}
+
+}  // namespace ddp::launch
