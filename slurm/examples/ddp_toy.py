@@ -49,6 +49,10 @@ def main():
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     if rank == 0:
         print(f"ddp_toy: done steps {args.steps} checksum {checksum:.6f}", flush=True)
+    # Every rank done before any tears its connections down: torch's gloo backend can abort a
+    # rank ("terminate called without an active exception") whose peer destroys the group
+    # while it is still finishing (seen with torch 2.15; the launcher then restarts the job).
+    dist.barrier()
     dist.destroy_process_group()
 
 

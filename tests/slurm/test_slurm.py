@@ -63,6 +63,10 @@ def test_torch_script_runs_unchanged(cluster, script, opts):
     state, code, log = cluster.wait(jid)
     assert (state, code) == ("COMPLETED", "0:0"), log
     lines = re.findall(r"ddp_toy: rank (\d+)/(\d+) local_rank (\d+) node (\S+)", log)
+    # torch 2.15's gloo can abort one rank at teardown ("terminate called without an active
+    # exception", with the previous main's ddprun too); ddprun then restarts the job, which is
+    # right, so a rank may print its first step once per attempt. Each attempt has the layout.
+    lines = sorted(set(lines))
     assert sorted(int(r) for r, _, _, _ in lines) == [0, 1, 2, 3], log
     assert {w for _, w, _, _ in lines} == {"4"}
     # Two nodes, two local ranks each, ranks contiguous per node.
