@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+
+#include "../support/ranks.hpp"
+#include "../support/store_fixture.hpp"
 #include <atomic>
 #include <cmath>
 #include <functional>
@@ -30,46 +33,33 @@ void expect(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("expected: " + what);
 }
 
-struct Job {
-  rdzv::StoreServer server{[] {
-    rdzv::ServerOptions o;
-    o.threads = 2;
-    return o;
-  }()};
-  Job() { server.start(); }
+struct Job : ddp::test::ServerFixture {
+  Job()
+      : ServerFixture([] {
+          rdzv::ServerOptions o;
+          o.threads = 2;
+          return o;
+        }()) {}
 
   worker::CommOptions options(int rank, int size, const std::string& prefix) {
     rdzv::ClientOptions co;
-    co.connect_timeout = 5s;
     co.timeout = 10s;
     worker::CommOptions o;
     o.rank = rank;
     o.size = size;
-    o.store = std::make_shared<rdzv::StoreClient>("127.0.0.1", server.port(), co);
+    o.store = std::shared_ptr<rdzv::StoreClient>(client(co));
     o.key_prefix = prefix;
     o.timeout = 10s;
     return o;
   }
 
-  // Runs body(comm) on `size` ranks at once; rethrows the first failure.
+  // Runs body(comm) on `size` ranks as threads (run_ranks); rethrows the first failure.
   void run(int size, const std::string& prefix,
            const std::function<void(worker::Communicator&)>& body) {
-    std::vector<std::thread> threads;
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          auto comm = worker::make_gloo_communicator(options(r, size, prefix));
-          body(*comm);
-        } catch (...) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-      if (e) std::rethrow_exception(e);
-    }
+    ddp::test::run_ranks(size, [&](int r) {
+      auto comm = worker::make_gloo_communicator(options(r, size, prefix));
+      body(*comm);
+    });
   }
 };
 

@@ -4,6 +4,8 @@
 // that learns the run id is used up; a static node rank claimed twice is named; a round that
 // never fills times out with the count; the store operations per agent do not grow with N;
 // and the same rounds over an in-process MemoryStore (no sockets).
+#include "../support/ranks.hpp"
+#include "../support/store_fixture.hpp"
 #include "ddp/launch/rendezvous.hpp"
 
 #include "ddp/launch/liveness.hpp"
@@ -23,21 +25,18 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Store {
-  ddp::rdzv::StoreServer server;
+// The shared fixture (tests/support/store_fixture.hpp): two event loops, 10 s replies.
+struct Store : ddp::test::ServerFixture {
   Store()
-      : server([] {
+      : ServerFixture([] {
           ddp::rdzv::ServerOptions o;
           o.threads = 2;
           return o;
-        }()) {
-    server.start();
-  }
+        }()) {}
   std::unique_ptr<ddp::rdzv::StoreClient> client() {
     ddp::rdzv::ClientOptions o;
     o.timeout = 10s;
-    o.connect_timeout = 5s;
-    return std::make_unique<ddp::rdzv::StoreClient>("127.0.0.1", server.port(), o);
+    return ServerFixture::client(o);
   }
 };
 
@@ -54,15 +53,11 @@ NodeDesc desc(int i, int node_rank = -1) {
 // Forms one round with n agents at once; returns each agent's view.
 std::vector<Round> form(Store& s, int n, const std::string& id, bool by_node_rank = false) {
   std::vector<Round> rounds(static_cast<std::size_t>(n));
-  std::vector<std::thread> ts;
-  for (int i = 0; i < n; ++i) {
-    ts.emplace_back([&, i] {
-      auto c = s.client();
-      Rendezvous r(*c, {id, n, n, by_node_rank, 10s});
-      rounds[static_cast<std::size_t>(i)] = r.next_round(desc(i, by_node_rank ? n - 1 - i : -1));
-    });
-  }
-  for (auto& t : ts) t.join();
+  ddp::test::run_ranks(n, [&](int i) {  // N agents as threads; a failure names its agent
+    auto c = s.client();
+    Rendezvous r(*c, {id, n, n, by_node_rank, 10s});
+    rounds[static_cast<std::size_t>(i)] = r.next_round(desc(i, by_node_rank ? n - 1 - i : -1));
+  });
   return rounds;
 }
 
@@ -117,10 +112,18 @@ TEST_CASE("static rounds rank by node rank; a node rank claimed twice is named",
   auto b = s.client();
   Rendezvous ra(*a, {"twice", 2, 2, true, 2s});
   Rendezvous rb(*b, {"twice", 2, 2, true, 2s});
-  std::thread t([&] { CHECK_THROWS_AS(ra.next_round(desc(0, 1)), ddp::TimeoutError); });
+  bool timed_out = false;  // asserted after the join: Catch2's assertions are not thread-safe
+  std::thread t([&] {
+    try {
+      ra.next_round(desc(0, 1));
+    } catch (const ddp::TimeoutError&) {
+      timed_out = true;
+    }
+  });
   std::this_thread::sleep_for(50ms);  // order only; the assertion does not depend on timing
   CHECK_THROWS_WITH(rb.next_round(desc(1, 1)), Catch::Contains("--node-rank=1 is already taken"));
   t.join();
+  CHECK(timed_out);
 }
 
 TEST_CASE("one event ends a round, whoever posts", "[integration][launch]") {
