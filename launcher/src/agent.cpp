@@ -142,7 +142,6 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   const rdzv::ClientOptions& co = clients.rendezvous;
   const std::string prefix_template =
       config.log_line_prefix_template ? *config.log_line_prefix_template : kDefaultPrefixTemplate;
-  (void)expand_prefix(prefix_template, {});  // a bad template fails before anything starts
 
   // A console that went away (ddprun ... | head) must not kill the agent and its job.
   ::signal(SIGPIPE, SIG_IGN);
@@ -182,6 +181,13 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   }
   Rendezvous rdzv(store, ro);
   RunLogDir logs(config.log_dir, config.rdzv_id);
+  // Output the user asked to have in files is never deleted, even in a temporary folder.
+  auto writes_files = [](const StdSpec& s) {
+    bool any = s.all_ranks && *s.all_ranks != Std::none;
+    for (const auto& [rank, std] : s.per_rank) any = any || std != Std::none;
+    return any;
+  };
+  if (writes_files(config.redirects) || writes_files(config.tee)) logs.keep();
   if (nproc > 1 && !agent_env.count("OMP_NUM_THREADS")) {
     std::fprintf(stderr,
                  "ddprun: setting OMP_NUM_THREADS=1 for each worker (unset, nproc > 1); tune it "

@@ -161,7 +161,13 @@ void LocalRound::finish() {
   clear_leftovers(s_.process.watcher);
 }
 
-void LocalRound::remove_temporary_logs() { s_.logs.remove_if_temporary(); }
+void LocalRound::remove_temporary_logs() {
+  s_.logs.remove_if_temporary();
+  if (s_.logs.kept()) {
+    std::fprintf(stderr, "ddprun: the workers' redirected output is in %s\n",
+                 s_.logs.root().c_str());
+  }
+}
 
 // One poll turn over everything at once, in the order the facts rank: output first, orphans,
 // signals to pass on, then a stop signal ends the turn; failed exits; all done; the event.

@@ -193,6 +193,7 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   if (raw.at("max_nproc_per_node") != kUnset) {
     c.max_nproc_per_node = to_int(raw.at("max_nproc_per_node"), "--max-nproc-per-node");
   }
+  c.signals_to_handle_text = raw.at("signals_to_handle");
   for (const auto& s : split(raw.at("signals_to_handle"), ',')) {
     std::string name = s;
     name.erase(0, name.find_first_not_of(' '));

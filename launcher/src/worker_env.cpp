@@ -2,6 +2,8 @@
 // _start_workers and run.py's command assembly); see worker_env.hpp.
 #include "ddp/launch/worker_env.hpp"
 
+#include "ddp/launch/macros.hpp"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,15 +13,11 @@
 namespace ddp::launch {
 namespace {
 
-// torchrun's macro: every "${local_rank}" in an argument becomes the worker's local rank.
-std::string substitute_local_rank(std::string arg, int local_rank) {
-  static const std::string kMacro = "${local_rank}";
-  const std::string value = std::to_string(local_rank);
-  for (auto pos = arg.find(kMacro); pos != std::string::npos;
-       pos = arg.find(kMacro, pos + value.size())) {
-    arg.replace(pos, kMacro.size(), value);
-  }
-  return arg;
+// torchrun's macro: "${local_rank}" and "$local_rank" in an argument become the worker's local
+// rank, with string.Template's rules, except that "$$" stays as written (a shell's PID).
+std::string substitute_local_rank(const std::string& arg, int local_rank) {
+  if (arg.find('$') == std::string::npos) return arg;
+  return safe_substitute(arg, {{"local_rank", std::to_string(local_rank)}}, /*escape=*/false);
 }
 
 }  // namespace
@@ -83,6 +81,7 @@ EnvMap worker_env(const LaunchConfig& config, const GroupInfo& g, int local_rank
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts));
   set("TORCHELASTIC_RUN_ID", g.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", config.signals_to_handle_text);
   set("TORCHELASTIC_ERROR_FILE",
       g.attempt_dir.empty() ? std::string()
                             : g.attempt_dir + "/" + std::to_string(local_rank) + "/error.json");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <random>
 
+#include "ddp/launch/macros.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 
@@ -40,6 +41,14 @@ std::string random_suffix() {
   return s;
 }
 
+// Logs can hold secrets: the run's folders are private (0700), as torchrun's mkdtemp'd one.
+void make_private_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!ec) fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  if (ec) throw IoError("cannot create the log directory " + dir + ": " + ec.message());
+}
+
 int open_log(const std::string& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
   if (fd < 0) throw IoError("cannot create the log file " + path + ": " + std::strerror(errno));
@@ -53,34 +62,12 @@ std::string line_cut_marker(std::size_t bytes) {
 }
 
 std::string expand_prefix(const std::string& tmpl, const PrefixVars& v) {
-  std::string out;
-  for (std::size_t i = 0; i < tmpl.size(); ++i) {
-    if (tmpl[i] != '$' || i + 1 >= tmpl.size() || tmpl[i + 1] != '{') {
-      out.push_back(tmpl[i]);
-      continue;
-    }
-    auto end = tmpl.find('}', i);
-    if (end == std::string::npos) {
-      throw ConfigError("log line prefix template '" + tmpl + "': '${' without '}'");
-    }
-    std::string name = tmpl.substr(i + 2, end - i - 2);
-    if (name == "role_name") {
-      out += v.role_name;
-    } else if (name == "local_rank") {
-      out += std::to_string(v.local_rank);
-    } else if (name == "rank") {
-      out += std::to_string(v.rank);
-    } else if (name == "group_rank") {
-      out += std::to_string(v.group_rank);
-    } else if (name == "host") {
-      out += v.host;
-    } else {
-      throw ConfigError("log line prefix template '" + tmpl + "': unknown ${" + name +
-                        "} (known: role_name, local_rank, rank, group_rank, host)");
-    }
-    i = end;
-  }
-  return out;
+  return safe_substitute(tmpl, {{"role_name", v.role_name},
+                                {"local_rank", std::to_string(v.local_rank)},
+                                {"rank", std::to_string(v.rank)},
+                                {"group_rank", std::to_string(v.group_rank)},
+                                {"hostname", v.host},
+                                {"host", v.host}});
 }
 
 RunLogDir::RunLogDir(const std::string& log_dir, const std::string& run_id) {
@@ -99,31 +86,25 @@ RunLogDir::RunLogDir(const std::string& log_dir, const std::string& run_id) {
     temporary_ = true;
   }
   root_ = base + "/" + run_id + "_" + random_suffix();
-  std::error_code ec;
-  fs::create_directories(root_, ec);
-  if (ec) throw IoError("cannot create the log directory " + root_ + ": " + ec.message());
+  make_private_dir(root_);
 }
 
 std::string RunLogDir::make_attempt(int attempt) const {
   if (!enabled()) return "";
   std::string dir = root_ + "/attempt_" + std::to_string(attempt);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError("cannot create the log directory " + dir + ": " + ec.message());
+  make_private_dir(dir);
   return dir;
 }
 
 std::string RunLogDir::make_rank_dir(const std::string& attempt_dir, int local_rank) {
   if (attempt_dir.empty()) return "";
   std::string dir = attempt_dir + "/" + std::to_string(local_rank);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError("cannot create the log directory " + dir + ": " + ec.message());
+  make_private_dir(dir);
   return dir;
 }
 
 void RunLogDir::remove_if_temporary() const {
-  if (!temporary_) return;
+  if (!temporary_ || keep_) return;
   std::error_code ec;
   fs::remove_all(temp_base_, ec);
 }

@@ -116,9 +116,8 @@ def test_bad_flags_exit_2():
     p = ddprun("--nnodes=2", "--node-rank=2", "x.py")
     assert p.returncode == 2
     assert "--node-rank=2 is not below --nnodes=2" in p.stderr
-    p = ddprun("--log-line-prefix-template=${nodename}", "--standalone", "x.py")
-    assert p.returncode == 2
-    assert "unknown ${nodename}" in p.stderr
+    # An unknown macro in --log-line-prefix-template is left as written, as torchrun does
+    # (tests/unit/launch/round_test.cpp), so it is no longer a bad flag.
 
 
 def test_static_backend_on_port_0_is_an_error_not_a_hang():
@@ -144,3 +143,25 @@ def test_an_early_exit_0_then_a_failure_fails_the_job():
     assert "rank      : 0 (local_rank: 0)" in p.stderr
     assert "exitcode  : 3" in p.stderr
     assert "rank      : 1" not in p.stderr  # the early exit 0 is no failure
+
+
+def test_redirected_output_is_kept_in_a_private_folder(tmp_path):
+    """-r/--redirects without --log-dir: the temporary folder holds the only copy of the
+    output, so it is kept and named (torchrun's folder is private: 0700, and so is ours)."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = ddprun("--standalone", "--nproc-per-node=1", "--redirects=3", "--no-python", "/bin/echo",
+               "kept-output", env=env)
+    assert p.returncode == 0, p.stderr
+    line = [ln for ln in p.stderr.splitlines() if "redirected output is in" in ln]
+    assert len(line) == 1, p.stderr
+    root = line[0].rsplit(" ", 1)[1]
+    assert root.startswith(str(tmp_path)), root
+    assert oct(os.stat(root).st_mode & 0o777) == oct(0o700)
+    out = open(os.path.join(root, "attempt_0", "0", "stdout.log")).read()
+    assert out == "kept-output\n"
+    # Without files asked for, the temporary folder goes as before.
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    p = ddprun("--standalone", "--nproc-per-node=1", "--no-python", "/bin/true",
+               env=dict(os.environ, TMPDIR=str(quiet)))
+    assert p.returncode == 0 and os.listdir(quiet) == [], p.stderr

@@ -34,13 +34,7 @@ CASES = {
 
 # Names torchrun's workers see that are internal to torch's Python implementation, so ddprun
 # need not set them (nor is it wrong if it does); they are left out of the name comparison.
-TORCHRUN_INTERNAL = {
-    # torch/distributed/launcher/api.py writes --signals-to-handle into torchrun's *own*
-    # os.environ so that the PContext in the same process (elastic/multiprocessing/api.py,
-    # start()) knows which signals to trap and forward; workers only inherit it, nothing in a
-    # worker reads it. ddprun takes the same flag and handles the signals in C++.
-    "TORCHELASTIC_SIGNALS_TO_HANDLE",
-}
+TORCHRUN_INTERNAL = set()  # none left: TORCHELASTIC_SIGNALS_TO_HANDLE is exported too
 
 # Equal under both launchers, rank for rank (absent in both counts as equal: e.g.
 # OMP_NUM_THREADS is only set when nproc-per-node > 1).
@@ -48,6 +42,7 @@ SAME_VALUE = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
               "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
               "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+              "TORCHELASTIC_SIGNALS_TO_HANDLE",
               "OMP_NUM_THREADS"]
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

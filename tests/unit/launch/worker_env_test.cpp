@@ -30,6 +30,13 @@ TEST_CASE("python scripts run under python -u, modules with -m, ${local_rank} su
   auto m = config({"-m", "pkg.main", "a"});
   CHECK(worker_argv(m, 0, {}) == std::vector<std::string>{"python3", "-u", "-m", "pkg.main", "a"});
   auto n = config({"--no-python", "/bin/echo", "${local_rank}${local_rank}"});
+  // Without braces too, as torchrun (string.Template): "$local_rank" is substituted, a longer
+  // name ("$local_rankx") or an unknown one is left as written, and "$$" stays "$$" (a
+  // shell's PID; torchrun would make it "$").
+  CHECK(worker_argv(config({"--no-python", "/bin/echo", "r$local_rank", "kill $$", "$local_rankx",
+                            "$HOME"}),
+                    3, {}) ==
+        std::vector<std::string>{"/bin/echo", "r3", "kill $$", "$local_rankx", "$HOME"});
   CHECK(worker_argv(n, 1, {}) == std::vector<std::string>{"/bin/echo", "11"});
 }
 

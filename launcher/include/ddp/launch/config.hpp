@@ -55,6 +55,8 @@ struct LaunchConfig {
   std::uint16_t master_port = 29500;
   std::string local_addr;
   std::vector<int> signals_to_handle;  // signal numbers
+  // The flag's text as given: exported as TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun does.
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string entrypoint;
   std::vector<std::string> args;
 

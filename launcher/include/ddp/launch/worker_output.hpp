@@ -53,13 +53,17 @@ class RunLogDir {
   // Creates <attempt_dir>/<local_rank> (made when that rank is spawned, not before) and returns
   // it; "" when attempt_dir is "". Throws ddp::IoError naming the directory.
   static std::string make_rank_dir(const std::string& attempt_dir, int local_rank);
-  // Removes the temporary directory (a --log-dir given by the user is never removed).
+  // Removes the temporary directory (a --log-dir given by the user is never removed), unless
+  // keep() was called: it holds output the user asked for (--redirects / --tee files).
   void remove_if_temporary() const;
+  void keep() { keep_ = true; }
+  bool kept() const { return temporary_ && keep_; }
 
  private:
   std::string root_;
   std::string temp_base_;
   bool temporary_ = false;
+  bool keep_ = false;
 };
 
 class OutputPump {
