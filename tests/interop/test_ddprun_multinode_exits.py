@@ -106,7 +106,8 @@ SLEEP_WORKER = ('echo "rank=$RANK agent=$PPID pid=$$" > "$OUT/p_$RANK.tmp" && '
                 'mv "$OUT/p_$RANK.tmp" "$OUT/p_$RANK"; exec sleep 60')
 
 
-def test_no_orphans_after_an_agent_is_killed(launcher, tmp_path):
+def sleeping_pair(launcher, tmp_path):
+    """Two agents x two sleeping workers; returns the agents and {agent pid: worker pids}."""
     a, b = launcher.c10d_pair(*SH, SLEEP_WORKER, env={"OUT": str(tmp_path)})
     assert wait_for(lambda: len(read_records(str(tmp_path), "p_")) == 4, 60), \
         a.output() + b.output()
@@ -115,6 +116,11 @@ def test_no_orphans_after_an_agent_is_killed(launcher, tmp_path):
         launcher.worker_pids.append((int(r["pid"]), "sleep"))
     workers = {ag.pid: [int(r["pid"]) for r in recs if r["agent"] == str(ag.pid)]
                for ag in (a, b)}
+    return a, b, workers
+
+
+def test_no_orphans_after_an_agent_is_killed(launcher, tmp_path):
+    a, b, workers = sleeping_pair(launcher, tmp_path)
     assert sorted(map(len, workers.values())) == [2, 2], workers
     b.proc.send_signal(signal.SIGKILL)  # the client node dies
     b.wait(5)
@@ -135,14 +141,7 @@ def test_no_orphans_after_an_agent_is_killed(launcher, tmp_path):
 
 
 def test_killing_the_store_host_stops_the_other_node(launcher, tmp_path):
-    a, b = launcher.c10d_pair(*SH, SLEEP_WORKER, env={"OUT": str(tmp_path)})
-    assert wait_for(lambda: len(read_records(str(tmp_path), "p_")) == 4, 60), \
-        a.output() + b.output()
-    recs = read_records(str(tmp_path), "p_").values()
-    for r in recs:
-        launcher.worker_pids.append((int(r["pid"]), "sleep"))
-    workers = {ag.pid: [int(r["pid"]) for r in recs if r["agent"] == str(ag.pid)]
-               for ag in (a, b)}
+    a, b, workers = sleeping_pair(launcher, tmp_path)
     a.proc.send_signal(signal.SIGKILL)  # the node hosting the rendezvous store dies
     a.wait(5)
     assert wait_for(lambda: all(gone(p) for p in workers[a.pid]), 1.0, 0.01), workers[a.pid]
