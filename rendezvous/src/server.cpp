@@ -73,6 +73,7 @@ struct StoreServer::Impl {
   std::atomic<WaiterId> next_id{1};
   std::size_t next_loop = 0;
   std::uint16_t port = 0;
+  tcp protocol = tcp::v4();  // the listener's, for every accepted socket (no getsockname each)
   bool started = false, stopped = false;
 
   explicit Impl(ServerOptions o) : opts(std::move(o)) {
@@ -130,7 +131,8 @@ struct StoreServer::Impl {
     if (lfd < 0) {
       DDP_THROW(IoError, "cannot open a listening socket: " + std::string(std::strerror(errno)));
     }
-    acceptor->assign(ep.protocol(), lfd, ec);
+    protocol = ep.protocol();
+    acceptor->assign(protocol, lfd, ec);
     if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec && ep.address().is_v6()) acceptor->set_option(asio::ip::v6_only(false), ec);
     if (!ec) set_inherited_options(*acceptor);
@@ -178,7 +180,7 @@ struct StoreServer::Impl {
     next_loop = (next_loop + 1) % loops.size();
     tcp::socket s(target);
     boost::system::error_code ec;
-    s.assign(acceptor->local_endpoint().protocol(), fd, ec);
+    s.assign(protocol, fd, ec);
     if (ec) {
       ::close(fd);
       return;

@@ -93,7 +93,8 @@ void Session::read() {
 }
 
 // Makes room for the next read: compacts, or grows by doubling while the budgets allow, else
-// by just what one more read needs. False (the connection is closing) when even that is over.
+// by all that they still allow. False (the connection is closing) when that is not even room
+// for one more read.
 bool Session::grow_input() {
   const std::size_t used = in_end_ - in_begin_;
   std::size_t cap = std::max(in_cap_, kInitialBuffer);
