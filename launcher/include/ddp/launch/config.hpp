@@ -57,6 +57,21 @@ struct LaunchConfig {
   std::vector<int> signals_to_handle;  // signal numbers
   // The flag's text as given: exported as TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun does.
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // --shutdown-timeout: seconds from the stop signal to SIGKILL; unset: the environment's
+  // TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 (torchrun's order).
+  std::optional<int> shutdown_timeout_s;
+  // --numa-binding: "" (off), node, socket, exclusive or core-complex (numa_binding.hpp).
+  std::string numa_binding;
+  // --virtual-local-rank: every worker sees LOCAL_RANK=0 and only its own GPU.
+  bool virtual_local_rank = false;
+  // --duplicate-stdout/stderr-filters: lines containing any of these also go to
+  // filtered_stdout.log / filtered_stderr.log of the attempt's log folder. Empty: off.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+  // ddprun's own --per-worker-slurm-env: SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS
+  // ... rewritten for each worker from its ranks (slurm_worker_env.hpp). Off, as in torchrun.
+  bool per_worker_slurm_env = false;
+  bool master_port_given = false;  // --master-port (or PET_MASTER_PORT) was given
   std::string entrypoint;
   std::vector<std::string> args;
 

@@ -1,0 +1,2 @@
+// See numa_binding.hpp.
+#include "ddp/launch/numa_binding.hpp"

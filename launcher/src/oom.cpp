@@ -1,0 +1,2 @@
+// See oom.hpp.
+#include "ddp/launch/oom.hpp"

@@ -1,0 +1,2 @@
+// See run_path.hpp.
+#include "ddp/launch/run_path.hpp"

@@ -1,0 +1,4 @@
+// Tests of oom.hpp.
+#include <catch2/catch.hpp>
+
+#include "ddp/launch/oom.hpp"
