@@ -81,7 +81,7 @@ std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::ui
 
 RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
   RendezvousStore rs;
-  if (config.standalone) {  // a private store on a free port: two jobs never collide
+  if (config.private_store) {  // a private store on a free port: two jobs never collide
     rs.server = start_server("127.0.0.1", 0);
     rs.host = "127.0.0.1";
     rs.port = rs.server->port();

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ddp/launch/cli_flags.hpp"
 #include "ddp/launch/config.hpp"
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/slurm_env.hpp"
@@ -20,58 +21,11 @@
 namespace ddp::launch {
 namespace {
 
-// One torchrun option: its dest (for PET_<DEST>), its CLI11 names, and whether it is a flag.
-struct Spec {
-  const char* dest;
-  const char* names;
-  bool flag;
-};
-
-constexpr Spec kSpecs[] = {
-    {"nnodes", "--nnodes", false},
-    {"nproc_per_node", "--nproc-per-node,--nproc_per_node", false},
-    // ddprun's own: the bound on workers per node, above the machine's default (limits.hpp).
-    {"max_nproc_per_node", "--max-nproc-per-node,--max_nproc_per_node", false},
-    {"rdzv_backend", "--rdzv-backend,--rdzv_backend", false},
-    {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", false},
-    {"rdzv_id", "--rdzv-id,--rdzv_id", false},
-    {"rdzv_conf", "--rdzv-conf,--rdzv_conf", false},
-    {"standalone", "--standalone", true},
-    {"max_restarts", "--max-restarts,--max_restarts", false},
-    {"monitor_interval", "--monitor-interval,--monitor_interval", false},
-    {"start_method", "--start-method,--start_method", false},
-    {"role", "--role", false},
-    {"module", "-m,--module", true},
-    {"no_python", "--no-python,--no_python", true},
-    {"run_path", "--run-path,--run_path", true},
-    {"log_dir", "--log-dir,--log_dir", false},
-    {"redirects", "-r,--redirects", false},
-    {"tee", "-t,--tee", false},
-    {"local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", false},
-    {"node_rank", "--node-rank,--node_rank", false},
-    {"master_addr", "--master-addr,--master_addr", false},
-    {"master_port", "--master-port,--master_port", false},
-    {"local_addr", "--local-addr,--local_addr", false},
-    {"signals_to_handle", "--signals-to-handle,--signals_to_handle", false},
-    {"event_log_handler", "--event-log-handler,--event_log_handler", false},
-    {"logs_specs", "--logs-specs,--logs_specs", false},
-    {"numa_binding", "--numa-binding,--numa_binding", false},
-    // ddprun's own: the console prefix of worker lines ("" for raw lines).
-    {"log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template", false},
-};
-
 constexpr const char* kUnset = "\x01unset";
 
 std::string upper(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return s;
-}
-
-std::string long_name(const Spec& s) {
-  std::string names = s.names;
-  auto pos = names.find("--");
-  auto end = names.find(',', pos);
-  return names.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -139,6 +93,51 @@ std::string random_run_id() {
   return id;
 }
 
+// torch 2.15's comma_separated_list: "a,b" -> {a, b}; ",," is a comma inside an item.
+std::vector<std::string> comma_separated_list(const std::string& text) {
+  std::vector<std::string> out(1);
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      out.back().push_back(text[i]);
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      out.back().push_back(',');
+      ++i;
+    } else {
+      out.emplace_back();
+    }
+  }
+  return out;
+}
+
+// The flags torch 2.12-2.15 added: --shutdown-timeout, --numa-binding, the duplicate filters,
+// and --logs-specs (a Python plugin ddprun cannot load: an error, as torchrun's for one it
+// cannot find).
+void fill_torch_215_flags(LaunchConfig& c, const std::map<std::string, std::string>& raw) {
+  if (raw.at("shutdown_timeout") != kUnset) {
+    c.shutdown_timeout_s = static_cast<int>(
+        parse_int(raw.at("shutdown_timeout"), "--shutdown-timeout", 0, kMaxSeconds));
+  }
+  const std::string& numa = raw.at("numa_binding");
+  if (!numa.empty() && numa != "node" && numa != "socket" && numa != "exclusive" &&
+      numa != "core-complex") {
+    throw ConfigError("--numa-binding: invalid choice '" + numa +
+                      "' (choose from node, socket, exclusive, core-complex)");
+  }
+  c.numa_binding = numa;
+  if (raw.at("duplicate_stdout_filters") != kUnset) {
+    c.duplicate_stdout_filters = comma_separated_list(raw.at("duplicate_stdout_filters"));
+  }
+  if (raw.at("duplicate_stderr_filters") != kUnset) {
+    c.duplicate_stderr_filters = comma_separated_list(raw.at("duplicate_stderr_filters"));
+  }
+  if (raw.at("logs_specs") != kUnset) {
+    throw ConfigError("--logs-specs: Could not find entrypoint under 'torchrun.logs_specs[" +
+                      raw.at("logs_specs") +
+                      "]' key (ddprun cannot load torchrun's Python LogsSpecs plugins; its own "
+                      "logs are set with --log-dir, --redirects, --tee and --local-ranks-filter)");
+  }
+}
+
 void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>& raw,
                        const std::map<std::string, std::string>& env) {
   auto nn = split(raw.at("nnodes"), ':');
@@ -149,6 +148,14 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   c.max_nodes = nn.size() == 2 ? to_int(nn[1], "--nnodes") : c.min_nodes;
   if (c.min_nodes <= 0 || c.max_nodes < c.min_nodes) {
     throw ConfigError("--nnodes: need 0 < MIN <= MAX, got '" + raw.at("nnodes") + "'");
+  }
+  // torchrun: --standalone replaces whatever --rdzv-backend, --rdzv-endpoint and --rdzv-id said
+  // (so they are not checked).
+  if (c.standalone) {
+    c.rdzv_backend = "c10d";
+    c.rdzv_endpoint = "localhost:0";
+    c.rdzv_id = random_run_id();
+    c.private_store = true;
   }
   const std::string& np = c.nproc_per_node;
   if (np != "cpu" && np != "gpu" && np != "auto" && to_int(np, "--nproc-per-node") <= 0) {
@@ -193,17 +200,13 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   if (raw.at("max_nproc_per_node") != kUnset) {
     c.max_nproc_per_node = to_int(raw.at("max_nproc_per_node"), "--max-nproc-per-node");
   }
+  fill_torch_215_flags(c, raw);
   c.signals_to_handle_text = raw.at("signals_to_handle");
   for (const auto& s : split(raw.at("signals_to_handle"), ',')) {
     std::string name = s;
     name.erase(0, name.find_first_not_of(' '));
     name.erase(name.find_last_not_of(' ') + 1);
     if (!name.empty()) c.signals_to_handle.push_back(signal_number(name));
-  }
-  if (c.standalone) {  // torchrun: c10d on a free local port with a fresh run id
-    c.rdzv_backend = "c10d";
-    c.rdzv_endpoint = "localhost:0";
-    c.rdzv_id = random_run_id();
   }
   if (c.entrypoint.empty()) {
     throw ConfigError("the following arguments are required: training_script");
@@ -306,37 +309,41 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                                             {"redirects", "0"},
                                             {"tee", "0"},
                                             {"local_ranks_filter", ""},
+                                            {"duplicate_stdout_filters", kUnset},
+                                            {"duplicate_stderr_filters", kUnset},
                                             {"signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
                                             {"event_log_handler", "null"},
-                                            {"logs_specs", ""},
+                                            {"logs_specs", kUnset},
                                             {"numa_binding", ""},
+                                            {"shutdown_timeout", kUnset},
+                                            {"print_completion", kUnset},
                                             {"log_line_prefix_template", kUnset},
                                             {"max_nproc_per_node", kUnset}};
   CLI::App app{"ddprun: a torchrun-compatible launcher", "ddprun"};
   app.prefix_command();  // the first positional is the entrypoint; the rest are its arguments
   app.allow_extras(false);
   std::map<std::string, CLI::Option*> opts;
-  auto value = [&](const Spec& s, auto& target) {
+  auto value = [&](const FlagSpec& s, auto& target) {
     opts[s.dest] = app.add_option(s.names, target)
-                       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
-                       ->capture_default_str();
+                       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   };
-  auto text = [&](const Spec& s) {
-    auto* o =
+  auto text = [&](const FlagSpec& s) {
+    opts[s.dest] =
         app.add_option(s.names, raw[s.dest])->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    if (std::string(s.dest) == "max_nproc_per_node") {
-      o->description("the most workers per node; default min(1024, RLIMIT_NPROC/2, pid_max/16)");
-    } else if (raw[s.dest] == kUnset) {
-      o->description("console prefix of worker lines; default [${role_name}${local_rank}]:");
-    } else {
-      o->capture_default_str();
-    }
-    opts[s.dest] = o;
   };
-  auto flag = [&](const Spec& s, bool& target) { opts[s.dest] = app.add_flag(s.names, target); };
-  for (const auto& s : kSpecs) {
+  auto flag = [&](const FlagSpec& s, bool& target) {
+    opts[s.dest] = app.add_flag(s.names, target);
+  };
+  const std::map<std::string, bool*> switches = {
+      {"standalone", &c.standalone},       {"module", &c.module},
+      {"no_python", &c.no_python},         {"run_path", &c.run_path},
+      {"virtual_local_rank", &c.virtual_local_rank},
+      {"per_worker_slurm_env", &c.per_worker_slurm_env}};
+  for (const auto& s : flag_specs()) {
     std::string d = s.dest;
-    if (d == "nproc_per_node")
+    if (s.is_switch)
+      flag(s, *switches.at(d));
+    else if (d == "nproc_per_node")
       value(s, c.nproc_per_node);
     else if (d == "rdzv_backend")
       value(s, c.rdzv_backend);
@@ -344,8 +351,6 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       value(s, c.rdzv_endpoint);
     else if (d == "rdzv_id")
       value(s, c.rdzv_id);
-    else if (d == "standalone")
-      flag(s, c.standalone);
     else if (d == "max_restarts")
       value(s, c.max_restarts);
     else if (d == "monitor_interval")
@@ -354,12 +359,6 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       value(s, c.start_method);
     else if (d == "role")
       value(s, c.role);
-    else if (d == "module")
-      flag(s, c.module);
-    else if (d == "no_python")
-      flag(s, c.no_python);
-    else if (d == "run_path")
-      flag(s, c.run_path);
     else if (d == "log_dir")
       value(s, c.log_dir);
     else if (d == "node_rank")
@@ -379,10 +378,11 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
   auto truthy = [](const std::string& v) { return v == "1" || v == "true" || v == "True"; };
   const SlurmDefaults slurm = slurm_defaults(env);
   std::vector<std::string> args = slurm.args;
-  for (const auto& s : kSpecs) {
+  for (const auto& s : flag_specs()) {
+    if (!s.from_env) continue;  // torchrun reads no PET_* for these
     auto it = env.find("PET_" + upper(s.dest));
     if (it == env.end()) continue;
-    if (s.flag) {
+    if (s.is_switch) {
       if (truthy(it->second)) {
         args.push_back(long_name(s));
       }
@@ -404,6 +404,10 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
   }
 
   ParseResult result;
+  if (argv.size() == 2 && argv[1] == "--help-markdown") {  // docs/launcher.md's flag table
+    result.message = markdown_flag_table();
+    return result;
+  }
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 pops from the back
     app.parse(reversed);
@@ -414,18 +418,33 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
         rest.front()[0] == '-') {
       throw ConfigError("unknown option '" + rest.front() + "' (options go before the script)");
     }
+    if (raw.at("print_completion") != kUnset) {  // torchrun: prints and exits while parsing
+      result.message = completion_script(raw.at("print_completion"));
+      result.exit_code = 0;
+      return result;
+    }
     if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
     if (!rest.empty()) {
       c.entrypoint = rest.front();
       c.args.assign(rest.begin() + 1, rest.end());
     }
+    c.master_port_given = opts.at("master_port")->count() > 0;
     validate_and_fill(c, raw, env);
     if (slurm.active) result.notice = apply_slurm(c, slurm, opts);
+    // torch 2.15 (run.py's run()): static with no endpoint and no --master-port on one node
+    // becomes c10d on a free local port with a fresh run id, as --standalone does.
+    if (c.rdzv_backend == "static" && c.rdzv_endpoint.empty() && !c.master_port_given &&
+        c.max_nodes == 1 && !c.standalone) {
+      c.rdzv_backend = "c10d";
+      c.rdzv_endpoint = "localhost:0";
+      c.rdzv_id = random_run_id();
+      c.private_store = true;
+    }
     c.rdzv = resolve_endpoint(c);  // the one parse: a malformed endpoint fails now
     check_counts(c);
     result.config = std::move(c);
   } catch (const CLI::CallForHelp&) {
-    result.message = app.help();
+    result.message = help_text();
     result.exit_code = 0;
   } catch (const CLI::ParseError& e) {
     result.message = std::string("ddprun: ") + e.what() + "\nRun with --help for the options.";

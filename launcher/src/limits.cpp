@@ -132,7 +132,7 @@ void check_counts(const LaunchConfig& c) {
     (void)parse_int(it->second, "--rdzv-conf keep_alive_max_attempt", 1, kMaxKeepAliveAttempts);
   }
 
-  if (c.rdzv_backend == "static" && !c.standalone && c.endpoint().port == 0) {
+  if (c.rdzv_backend == "static" && !c.private_store && c.endpoint().port == 0) {
     throw ConfigError(
         (c.rdzv_endpoint.empty() ? std::string("--master-port=0")
                                  : "--rdzv-endpoint=" + c.rdzv_endpoint) +

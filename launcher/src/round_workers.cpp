@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "ddp/launch/descendants.hpp"
+#include "ddp/launch/numa_binding.hpp"
 #include "ddp/proto/error.hpp"
 
 namespace ddp::launch {
@@ -17,6 +18,21 @@ SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& 
                           int sigfd) {
   SpawnResult result;
   const auto& f = plan.config.local_ranks_filter;
+  if (!plan.group.attempt_dir.empty()) {  // --duplicate-*-filters, into the attempt's folder
+    try {
+      pump.duplicate(false, plan.config.duplicate_stdout_filters,
+                     plan.group.attempt_dir + "/filtered_stdout.log");
+      pump.duplicate(true, plan.config.duplicate_stderr_filters,
+                     plan.group.attempt_dir + "/filtered_stderr.log");
+    } catch (const IoError& e) {
+      result.error = e.what();
+      return result;
+    }
+  }
+  const auto numa =
+      plan.config.numa_binding.empty()  // once per round, before any fork
+          ? std::vector<RankBinding>{}
+          : numa_bindings_for_round(plan.config.numa_binding, plan.nproc, plan.agent_env);
   for (int r = 0; r < plan.nproc; ++r) {
     pollfd p{sigfd, POLLIN, 0};
     if (::poll(&p, 1, 0) == 1) {
@@ -25,6 +41,10 @@ SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& 
     }
     WorkerSpec spec{worker_argv(plan.config, r, plan.agent_env),
                     worker_env(plan.config, plan.group, r, plan.agent_env)};
+    if (!numa.empty()) {
+      spec.cpus = numa[static_cast<std::size_t>(r)].cpus;
+      spec.mem_node = numa[static_cast<std::size_t>(r)].mem_node;
+    }
     const bool shown = f.empty() || std::find(f.begin(), f.end(), r) != f.end();
     PrefixVars pv{plan.config.role, r, plan.group.base_global_rank + r, plan.group.group_rank,
                   plan.host};

@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <string_view>
 
 #include "ddp/launch/macros.hpp"
 #include "ddp/proto/error.hpp"
@@ -115,6 +117,25 @@ OutputPump::OutputPump(int console_out, int console_err, std::size_t max_line_by
 OutputPump::~OutputPump() {
   after_start();
   for (auto& [fd, s] : streams_) close_stream(s);
+  for (auto& d : dup_) {
+    if (d.fd >= 0) ::close(d.fd);
+  }
+}
+
+void OutputPump::duplicate(bool is_err, const std::vector<std::string>& filters,
+                           const std::string& path) {
+  Duplicate& d = dup_[is_err ? 1 : 0];
+  if (filters.empty() || d.fd >= 0) return;
+  d.fd = open_log(path);
+  d.filters = filters;
+  d.path = path;
+}
+
+bool OutputPump::matches(const Duplicate& d, const char* line, std::size_t n) const {
+  if (d.fd < 0) return false;
+  const std::string_view text(line, n);
+  return std::any_of(d.filters.begin(), d.filters.end(),
+                     [&](const std::string& f) { return text.find(f) != std::string_view::npos; });
 }
 
 int OutputPump::route(int local_rank, bool is_err, const std::string& prefix, bool to_file,
@@ -122,7 +143,8 @@ int OutputPump::route(int local_rank, bool is_err, const std::string& prefix, bo
   (void)local_rank;
   const bool console = on_console && (!to_file || tee);
   const int console_fd = is_err ? console_err_ : console_out_;
-  if (!to_file && console && prefix.empty()) return -1;  // inherit: nothing to add
+  const bool duplicated = console && dup_[is_err ? 1 : 0].fd >= 0;
+  if (!to_file && console && prefix.empty() && !duplicated) return -1;  // inherit: nothing to add
   if (!console && !to_file) {
     int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
     if (null_fd < 0) throw IoError(std::string("cannot open /dev/null: ") + std::strerror(errno));
@@ -144,6 +166,7 @@ int OutputPump::route(int local_rank, bool is_err, const std::string& prefix, bo
   s.file_fd = file_fd;
   s.file_path = path;
   s.prefix = prefix;
+  s.is_err = is_err;
   streams_[p[0]] = std::move(s);
   child_ends_.push_back(p[1]);
   return p[1];
@@ -214,15 +237,24 @@ void OutputPump::write_file(Stream& s, const char* p, std::size_t n) {
 void OutputPump::emit(Stream& s, bool all) {
   const std::string& p = s.pending;
   std::string out;
+  Duplicate& dup = dup_[s.is_err ? 1 : 0];
+  std::string dup_out;
+  // The line just appended to `out` (from `start`) also goes to the filtered file if it matches.
+  auto also_filtered = [&](std::size_t start) {
+    const char* line = out.data() + start + s.prefix.size();
+    if (matches(dup, line, out.size() - start - s.prefix.size())) dup_out.append(out, start);
+  };
   std::size_t pos = 0;           // the start of the current line in pending
   std::size_t from = s.scanned;  // where to look for its end
   while (pos < p.size()) {
     const auto end = p.find_first_of("\n\r", from);
+    const std::size_t start = out.size();
     if ((end == std::string::npos ? p.size() : end) - pos > max_line_) {
       out += s.prefix;
       out.append(p, pos, max_line_);
       out += line_cut_marker(max_line_);
       out.push_back('\n');
+      also_filtered(start);
       pos = from = pos + max_line_;
       continue;
     }
@@ -230,6 +262,7 @@ void OutputPump::emit(Stream& s, bool all) {
       if (all) {
         out += s.prefix;
         out.append(p, pos, std::string::npos);
+        also_filtered(start);
         pos = p.size();
         s.at_line_start = false;
       }
@@ -237,12 +270,19 @@ void OutputPump::emit(Stream& s, bool all) {
     }
     out += s.prefix;
     out.append(p, pos, end + 1 - pos);
+    also_filtered(start);
     pos = from = end + 1;
     s.at_line_start = true;
   }
   s.pending.erase(0, pos);
   s.scanned = s.pending.size();
   if (!out.empty()) write_all(s.console_fd, out.data(), out.size());
+  if (!dup_out.empty() && write_all(dup.fd, dup_out.data(), dup_out.size()) != 0) {
+    const std::string msg = "ddprun: cannot write " + dup.path + "; no more lines go to it\n";
+    write_all(console_err_, msg.data(), msg.size());
+    ::close(dup.fd);
+    dup.fd = -1;
+  }
 }
 
 void OutputPump::close_stream(Stream& s) {

@@ -34,12 +34,17 @@ std::string bad(std::vector<std::string> args, const Env& env = {}) {
 }  // namespace
 
 TEST_CASE("torchrun's defaults", "[unit][launch]") {
+  // torch 2.15: static, no endpoint, no --master-port, one node -> c10d on a free local port
+  // with a fresh run id (run.py's run()).
   auto c = ok({"train.py"});
   CHECK(c.min_nodes == 1);
   CHECK(c.max_nodes == 1);
   CHECK(c.nproc_per_node == "1");
-  CHECK(c.rdzv_backend == "static");
-  CHECK(c.rdzv_id == "none");
+  CHECK(c.rdzv_backend == "c10d");
+  CHECK(c.private_store);
+  CHECK_FALSE(c.standalone);
+  CHECK(c.rdzv_id.size() == 36);
+  CHECK(c.rdzv_id != ok({"train.py"}).rdzv_id);
   CHECK(c.max_restarts == 0);
   CHECK(c.monitor_interval_s == Approx(0.1));
   CHECK(c.role == "default");
@@ -50,8 +55,77 @@ TEST_CASE("torchrun's defaults", "[unit][launch]") {
   CHECK(c.redirects.for_rank(0) == Std::none);
   CHECK(c.entrypoint == "train.py");
   CHECK(c.args.empty());
-  CHECK(c.endpoint().host == "127.0.0.1");
-  CHECK(c.endpoint().port == 29500);
+  CHECK(c.endpoint().host == "localhost");
+  CHECK(c.endpoint().port == 0);
+  CHECK(c.shutdown_timeout_s == std::nullopt);
+  CHECK(c.numa_binding.empty());
+  CHECK_FALSE(c.virtual_local_rank);
+  CHECK(c.duplicate_stdout_filters.empty());
+  CHECK(c.duplicate_stderr_filters.empty());
+  CHECK_FALSE(c.per_worker_slurm_env);
+  // Given --master-port (or two nodes, or an endpoint), static stays static on that port.
+  auto s = ok({"--master-port=29500", "train.py"});
+  CHECK(s.rdzv_backend == "static");
+  CHECK(s.rdzv_id == "none");
+  CHECK_FALSE(s.private_store);
+  CHECK(s.master_port_given);
+  CHECK(s.endpoint().host == "127.0.0.1");
+  CHECK(s.endpoint().port == 29500);
+  CHECK(ok({"--nnodes=2", "train.py"}).rdzv_backend == "static");
+  CHECK(ok({"train.py"}, {{"PET_MASTER_PORT", "29511"}}).rdzv_backend == "static");
+}
+
+TEST_CASE("torch 2.12-2.15's flags", "[unit][launch]") {
+  CHECK(ok({"--shutdown-timeout=5", "x"}).shutdown_timeout_s == 5);
+  CHECK(ok({"--shutdown_timeout", "0", "x"}).shutdown_timeout_s == 0);
+  CHECK(ok({"x"}, {{"PET_SHUTDOWN_TIMEOUT", "7"}}).shutdown_timeout_s == 7);
+  CHECK(bad({"--shutdown-timeout=1.5", "x"}).find("--shutdown-timeout") != std::string::npos);
+  CHECK(bad({"--shutdown-timeout=-1", "x"}).find("--shutdown-timeout") != std::string::npos);
+  CHECK(bad({"--shutdown-timeout=99999999", "x"}).find("--shutdown-timeout") !=
+        std::string::npos);
+  for (const char* mode : {"node", "socket", "exclusive", "core-complex"}) {
+    CHECK(ok({std::string("--numa-binding=") + mode, "x"}).numa_binding == mode);
+    CHECK(ok({"--numa_binding", mode, "x"}).numa_binding == mode);
+  }
+  CHECK(bad({"--numa-binding=gpu", "x"}).find("invalid choice 'gpu'") != std::string::npos);
+  CHECK(ok({"x"}, {{"PET_NUMA_BINDING", "node"}}).numa_binding.empty());  // no PET_ in torchrun
+  CHECK(ok({"--virtual-local-rank", "x"}).virtual_local_rank);
+  CHECK(ok({"--virtual_local_rank", "x"}).virtual_local_rank);
+  CHECK(ok({"x"}, {{"PET_VIRTUAL_LOCAL_RANK", "1"}}).virtual_local_rank);
+  CHECK(ok({"--per-worker-slurm-env", "x"}).per_worker_slurm_env);
+  CHECK(ok({"--duplicate-stdout-filters=apple,orange", "x"}).duplicate_stdout_filters ==
+        std::vector<std::string>{"apple", "orange"});
+  CHECK(ok({"--duplicate_stderr_filters", "a,,b,c", "x"}).duplicate_stderr_filters ==
+        std::vector<std::string>{"a,b", "c"});
+  CHECK(ok({"x"}, {{"PET_DUPLICATE_STDOUT_FILTERS", "loss"}}).duplicate_stdout_filters ==
+        std::vector<std::string>{"loss"});
+  // --logs-specs names a Python plugin: torchrun fails on one it cannot find; ddprun can load
+  // none, and says so rather than ignoring it.
+  CHECK(bad({"--logs-specs", "mine", "x"}).find("torchrun.logs_specs[mine]") != std::string::npos);
+  CHECK(bad({"--logs_specs=mine", "x"}).find("--logs-specs") != std::string::npos);
+}
+
+TEST_CASE("--standalone ignores the rendezvous flags, as torchrun does", "[unit][launch]") {
+  auto c = ok({"--standalone", "--rdzv-backend=etcd-v2", "--rdzv-endpoint=not a host:x",
+               "--rdzv-id=mine", "x"});
+  CHECK(c.rdzv_backend == "c10d");
+  CHECK(c.rdzv_endpoint == "localhost:0");
+  CHECK(c.rdzv_id != "mine");
+  CHECK(c.private_store);
+}
+
+TEST_CASE("--print-completion prints a script and exits 0 without a training script",
+          "[unit][launch]") {
+  for (const char* shell : {"bash", "zsh", "tcsh"}) {
+    auto r = parse_launch_args({"ddprun", "--print-completion", shell}, {});
+    CHECK_FALSE(r.config);
+    CHECK(r.exit_code == 0);
+    CHECK(r.message.find("ddprun") != std::string::npos);
+    CHECK(r.message.find("nproc-per-node") != std::string::npos);
+  }
+  auto r = parse_launch_args({"ddprun", "--print-completion=fish"}, {});
+  CHECK(r.exit_code == 2);
+  CHECK(r.message.find("--print-completion") != std::string::npos);
 }
 
 TEST_CASE("every multi-word flag has a dashed and an underscored spelling", "[unit][launch]") {
@@ -67,7 +141,8 @@ TEST_CASE("every multi-word flag has a dashed and an underscored spelling", "[un
   CHECK(ok({"--rdzv-backend=c10d", "--rdzv-endpoint=h", "x"}).rdzv_backend == "c10d");
   CHECK(ok({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h", "x"}).rdzv_backend == "c10d");
   CHECK(check_both("--rdzv-endpoint", "h:1", [](auto& c) { return c.rdzv_endpoint; }) == "h:1");
-  CHECK(check_both("--rdzv-id", "job7", [](auto& c) { return c.rdzv_id; }) == "job7");
+  CHECK(ok({"--rdzv-id=job7", "--nnodes=2", "x"}).rdzv_id == "job7");
+  CHECK(ok({"--rdzv_id", "job7", "--nnodes=2", "x"}).rdzv_id == "job7");
   CHECK(check_both("--max-restarts", "3", [](auto& c) { return c.max_restarts; }) == 3);
   CHECK(check_both("--monitor-interval", "0.5", [](auto& c) { return c.monitor_interval_s; }) ==
         Approx(0.5));
@@ -90,7 +165,6 @@ TEST_CASE("every multi-word flag has a dashed and an underscored spelling", "[un
   CHECK(ok({"--no-python", "x"}).no_python);
   CHECK(ok({"--run_path", "/x.py"}).run_path);
   CHECK(ok({"--event-log-handler", "console", "x"}).entrypoint == "x");
-  CHECK(ok({"--logs_specs", "mine", "x"}).entrypoint == "x");
   CHECK(ok({"--numa-binding", "node", "x"}).entrypoint == "x");
 }
 

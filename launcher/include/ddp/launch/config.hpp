@@ -36,6 +36,9 @@ struct LaunchConfig {
   std::string rdzv_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   bool standalone = false;
+  // A private c10d store on a free local port for a one-node job: --standalone, or torch 2.15's
+  // default for static with no endpoint and no --master-port on one node (cli.cpp).
+  bool private_store = false;
   int max_restarts = 0;
   double monitor_interval_s = 0.1;
   std::string start_method = "spawn";

@@ -82,6 +82,11 @@ class OutputPump {
   // when a log file cannot be created.
   void attach(WorkerSpec& spec, int local_rank, const std::string& prefix, Std redirect, Std tee,
               bool on_console, const std::string& rank_dir);
+  // --duplicate-stdout/stderr-filters: every console line of that stream holding any of
+  // `filters` also goes, prefixed as on the console, to `path` (torchrun's
+  // <attempt>/filtered_stdout.log and filtered_stderr.log). Call before attach(). Throws
+  // ddp::IoError when the file cannot be created.
+  void duplicate(bool is_err, const std::vector<std::string>& filters, const std::string& path);
   // Closes the agent's copies of the workers' ends; call after WorkerGroup::start.
   void after_start();
 
@@ -96,6 +101,7 @@ class OutputPump {
     int file_fd = -1;     // -1: no file (or no longer: it failed)
     std::string file_path;
     std::string prefix;
+    bool is_err = false;
     std::string pending;      // console text not yet written: the start of a line
     std::size_t scanned = 0;  // bytes of pending known to hold no line end
     bool at_line_start = true;
@@ -108,7 +114,15 @@ class OutputPump {
   void write_file(Stream& s, const char* p, std::size_t n);
   void close_stream(Stream& s);
 
+  struct Duplicate {
+    std::vector<std::string> filters;
+    int fd = -1;
+    std::string path;
+  };
+  bool matches(const Duplicate& d, const char* line, std::size_t n) const;
+
   int console_out_, console_err_;
+  Duplicate dup_[2];  // [is_err]
   std::size_t max_line_;
   std::map<int, Stream> streams_;  // by read fd
   std::vector<int> child_ends_;
