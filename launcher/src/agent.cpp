@@ -4,6 +4,7 @@
 // with the real ports (agent_ports.hpp): the decisions themselves are policy.hpp's.
 #include "ddp/launch/agent.hpp"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ddp/launch/gpu_devices.hpp"
 #include "ddp/launch/lifecycle.hpp"
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/liveness.hpp"
@@ -39,14 +41,19 @@ namespace {
 
 using std::chrono::milliseconds;
 
-int count_nvidia_gpus() {
-  std::error_code ec;
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
-    (void)e;
-    ++n;
+// The CPUs this process may run on, as torch._utils.cpu_count() (len(sched_getaffinity(0))).
+int usable_cpus() {
+  for (std::size_t n = CPU_SETSIZE;; n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    const std::size_t bytes = CPU_ALLOC_SIZE(n);
+    const int rc = ::sched_getaffinity(0, bytes, set);
+    const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (rc == 0) return std::max(1, count);
+    if (errno != EINVAL || n > (1u << 20)) {
+      return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    }
   }
-  return n;
 }
 
 milliseconds seconds_setting(const std::map<std::string, std::string>& m, const std::string& key,
@@ -56,22 +63,28 @@ milliseconds seconds_setting(const std::map<std::string, std::string>& m, const 
   return parse_seconds(it->second, what, 0, kMaxSeconds);
 }
 
-// TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s), cut under Slurm to end before slurmstepd's SIGKILL
-// at KillWait (from the slurm.conf in SLURM_CONF; Slurm's default 30 s when it says nothing).
-milliseconds slurm_aware_grace(const std::map<std::string, std::string>& env) {
-  const milliseconds grace(
-      static_cast<long>(knobs::seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env) * 1000));
+// --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s (torchrun's order), cut
+// under Slurm to end before slurmstepd's SIGKILL at KillWait (from the slurm.conf in
+// SLURM_CONF; Slurm's default 30 s when it says nothing).
+milliseconds slurm_aware_grace(const LaunchConfig& config,
+                               const std::map<std::string, std::string>& env) {
+  const milliseconds grace =
+      config.shutdown_timeout_s
+          ? milliseconds(static_cast<long>(*config.shutdown_timeout_s) * 1000)
+          : milliseconds(
+                static_cast<long>(knobs::seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env) * 1000));
   if (!knobs::text("SLURM_JOB_ID", &env) && !knobs::text("SLURM_JOBID", &env)) return grace;
   std::ifstream in(knobs::text("SLURM_CONF", &env).value_or("/etc/slurm/slurm.conf"));
   std::stringstream text;
   text << in.rdbuf();
   const int kill_wait = parse_kill_wait(text.str()).value_or(30);
   auto capped = stop_grace(grace, kill_wait);
-  if (capped < grace && knobs::text("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env)) {
-    std::fprintf(stderr,
-                 "ddprun: TORCH_ELASTIC_SHUTDOWN_TIMEOUT cut to %.1f s to end before Slurm's "
-                 "KillWait=%d s\n",
-                 static_cast<double>(capped.count()) / 1000, kill_wait);
+  if (capped < grace &&
+      (config.shutdown_timeout_s || knobs::text("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", &env))) {
+    std::fprintf(
+        stderr, "ddprun: %s cut to %.1f s to end before Slurm's KillWait=%d s\n",
+        config.shutdown_timeout_s ? "--shutdown-timeout" : "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        static_cast<double>(capped.count()) / 1000, kill_wait);
   }
   return capped;
 }
@@ -90,20 +103,26 @@ int make_signalfd(const std::vector<int>& signals) {
 
 }  // namespace
 
-int resolve_nproc(const std::string& spec) {
-  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (spec == "cpu") return cores;
+int resolve_nproc(const std::string& spec, const EnvMap& env) {
+  if (spec == "cpu") return usable_cpus();
   if (spec == "gpu" || spec == "auto") {
-    int gpus = count_nvidia_gpus();
-    if (gpus > 0) return gpus;
-    if (spec == "gpu") throw ConfigError("--nproc-per-node=gpu: no NVIDIA GPU is visible");
-    return cores;
+    const auto machine = machine_gpus(nvidia_gpus_dir(env));
+    const auto gpus = visible_gpus(machine, env);
+    if (!gpus.empty()) return static_cast<int>(gpus.size());
+    if (spec == "auto") return usable_cpus();
+    throw ConfigError(
+        "--nproc-per-node=gpu: no NVIDIA GPU is visible (" +
+        (machine.empty()
+             ? "the driver lists none in " + nvidia_gpus_dir(env)
+             : "CUDA_VISIBLE_DEVICES='" + knobs::text("CUDA_VISIBLE_DEVICES", &env).value_or("") +
+                   "' leaves none of this machine's " + std::to_string(machine.size())) +
+        "); give --nproc-per-node=N or cpu");
   }
   return std::stoi(spec);
 }
 
 int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentProcess& process) {
-  const bool is_static = config.rdzv_backend == "static" && !config.standalone;
+  const bool is_static = config.rdzv_backend == "static" && !config.private_store;
   if (is_static && config.min_nodes != config.max_nodes) {
     throw ConfigError("--nnodes=" + std::to_string(config.min_nodes) + ":" +
                       std::to_string(config.max_nodes) +
@@ -114,9 +133,12 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     throw ConfigError("--node-rank=" + std::to_string(config.node_rank) + " is not below " +
                       "--nnodes=" + std::to_string(config.max_nodes));
   }
-  const int nproc = resolve_nproc(config.nproc_per_node);
+  const int nproc = resolve_nproc(config.nproc_per_node, agent_env);
+  if (auto note = check_worker_env_options(config, nproc, agent_env); !note.empty()) {
+    std::fprintf(stderr, "ddprun: %s\n", note.c_str());
+  }
   check_nproc(nproc, config, read_machine_limits());
-  const auto grace = slurm_aware_grace(agent_env);
+  const auto grace = slurm_aware_grace(config, agent_env);
   RendezvousOptions ro;
   ro.run_id = config.rdzv_id;
   ro.min_nodes = config.min_nodes;
@@ -159,7 +181,13 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     if (std::find(h.begin(), h.end(), s) == h.end()) passed_on.push_back(s);
   }
   const int passfd = make_signalfd(passed_on);
-  RendezvousStore rs = open_rendezvous_store(config);
+  // The workers' MASTER_ADDR: torchrun's (static: the endpoint's host as written; c10d:
+  // --local-addr, else the fqdn), kept on loopback for a job confined to this machine.
+  const bool confined = config.private_store || is_loopback(config.endpoint().host);
+  const WorkersAddr workers = is_static
+                                  ? WorkersAddr{static_master_addr(config.endpoint().host), ""}
+                                  : workers_addr(config.local_addr, confined);
+  RendezvousStore rs = open_rendezvous_store(config, workers.bind);
   auto store_ptr = connect_store(rs, co, sigfd);
   if (!store_ptr) {
     int sig = read_signal(sigfd);
@@ -170,7 +198,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     return 128 + sig;
   }
   rdzv::StoreClient& store = *store_ptr;
-  const bool solo = config.standalone && config.max_nodes == 1;
+  const bool solo = config.private_store && config.max_nodes == 1;
   if (!solo && !is_static) {
     if (rs.server) {
       store.set("/ddprun/" + config.rdzv_id + "/host",
@@ -197,9 +225,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   const std::string host = hostname();
   NodeDesc self;
   self.host = host;
-  self.addr = !config.local_addr.empty()                    ? config.local_addr
-              : (config.standalone || is_loopback(rs.host)) ? "127.0.0.1"
-                                                            : host;
+  self.addr = workers.master_addr;
   self.pid = static_cast<int>(::getpid());
   self.nproc = nproc;
   self.role = config.role;
@@ -217,8 +243,10 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     lost_will = encode(lost);
   }
 
+  // Static and solo: the workers use the agent's store (static: on --master-port, as torchrun).
   StoreRendezvous rounds({rdzv, store, sigfd, solo, rs.server != nullptr, rs.host, rs.port,
-                          liveness.get(), lost_will});
+                          liveness.get(), lost_will, is_static || solo, workers.master_addr,
+                          workers.bind});
   LocalRound local({config, agent_env, process, logs, rdzv, grace, sigfd, passfd, chldfd,
                     prefix_template, host, nproc, solo, rs.host, rs.port, clients.watcher});
   LifecycleConfig lc;

@@ -74,7 +74,7 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
   host_ = self.host;
   Formed out;
   // Alone on a private store (--standalone, one node), nothing can block: no watcher
-  // threads, and the workers share the agent's store (each attempt has its own prefix).
+  // threads, and the workers share the agent's store.
   std::optional<SignalInterrupt> on_signal;
   if (!s_.solo) on_signal.emplace(s_.sigfd, s_.client);
   Rendezvous& rdzv = s_.rendezvous;
@@ -82,14 +82,18 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
     out.round = rdzv.next_round(self, hint, expect, [&](int r) {
       if (s_.liveness) s_.liveness->set_will(rdzv.event_key(r), s_.lost_will);
     });
-    if (s_.solo) {
-      out.master_addr = s_.store_host;
-      out.master_port = s_.store_port;
-    } else if (out.round.group_rank == 0) {
-      worker_store_ = start_server(bind_address(self.addr), 0);
-      out.master_addr = self.addr;
-      out.master_port = worker_store_->port();
-      rdzv.publish_master(out.round, out.master_addr, out.master_port);
+    if (out.round.group_rank == 0) {
+      if (s_.agent_store_serves) {
+        // Every node stopped its workers before it joined this round, and none starts new
+        // ones before the master is published: nothing can write while the keys go.
+        clear_worker_keys(s_.client);
+        out.master_port = s_.store_port;
+      } else {
+        worker_store_ = start_server(s_.workers_bind, 0);
+        out.master_port = worker_store_->port();
+      }
+      out.master_addr = s_.workers_addr;
+      if (!s_.solo) rdzv.publish_master(out.round, out.master_addr, out.master_port);
     } else {
       std::tie(out.master_addr, out.master_port) = rdzv.master(out.round);
     }

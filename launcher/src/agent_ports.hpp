@@ -1,5 +1,5 @@
 // The real ports of the lifecycle loop (lifecycle.hpp): StoreRendezvous forms rounds over the
-// agent's store (a stop signal interrupts it) and hosts or finds the workers' store;
+// agent's store (a stop signal interrupts it) and hosts, clears or finds the workers' store;
 // LocalRound starts the workers (round_workers.hpp) and watches the round with one poll over
 // pidfds, signalfds, the event watcher's eventfd and the output pipes. Private to the launcher.
 #pragma once
@@ -37,6 +37,13 @@ class StoreRendezvous final : public RendezvousPort {
     std::uint16_t store_port = 0;
     Liveness* liveness = nullptr;  // its will points at the round being joined
     std::string lost_will;
+    // The workers' MASTER_ADDR (master_addr.hpp). With `agent_store_serves` (static, or solo)
+    // the workers use the rendezvous store itself on store_port, as torchrun's do (static: the
+    // --master-port the user gave); otherwise group rank 0 serves a store of the round's own,
+    // listening on `workers_bind`.
+    bool agent_store_serves = false;
+    std::string workers_addr;
+    std::string workers_bind;
   };
   explicit StoreRendezvous(Setup setup) : s_(std::move(setup)) {}
 
@@ -47,8 +54,10 @@ class StoreRendezvous final : public RendezvousPort {
 
  private:
   Setup s_;
-  // The workers' store: hosted by group rank 0's agent for one round only, so keys of an
-  // earlier round or another job can never be seen.
+  // c10d: the workers' store, hosted by group rank 0's agent for one round only, so keys of an
+  // earlier round or another job can never be seen. Static and solo: the agent's store serves
+  // them, and group rank 0 (its host) deletes the earlier rounds' worker keys before any
+  // worker of the round starts.
   std::unique_ptr<rdzv::StoreServer> worker_store_;
   std::string host_;
 };

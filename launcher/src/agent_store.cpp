@@ -1,4 +1,5 @@
-// The agent's rendezvous store (see agent_store.hpp): host it, connect to it, check it.
+// The agent's rendezvous store (see agent_store.hpp): host it, connect to it, check it; the
+// workers' address (master_addr.hpp) and the clearing of their keys between rounds.
 #include "agent_store.hpp"
 
 #include <arpa/inet.h>
@@ -8,9 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "ddp/proto/error.hpp"
 
@@ -49,7 +52,99 @@ bool names_this_machine(const std::string& host) {
   return match;
 }
 
+// `name`'s numeric addresses, in getaddrinfo's order, without repeats; empty when it does not
+// resolve.
+std::vector<std::string> numeric_addresses(const std::string& name) {
+  std::vector<std::string> out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (auto* a = res; a; a = a->ai_next) {
+    char buf[NI_MAXHOST] = {0};
+    if (::getnameinfo(a->ai_addr, a->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) !=
+        0) {
+      continue;
+    }
+    if (std::find(out.begin(), out.end(), buf) == out.end()) out.emplace_back(buf);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
 }  // namespace
+
+std::string pick_fqdn(const std::string& name, const std::vector<std::string>& aliases) {
+  if (name.find('.') != std::string::npos) return name;
+  for (const auto& a : aliases) {
+    if (a.find('.') != std::string::npos) return a;
+  }
+  return name;
+}
+
+bool is_loopback_address(const std::string& numeric) {
+  in_addr v4{};
+  if (::inet_pton(AF_INET, numeric.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, numeric.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+WorkersAddr choose_workers_addr(const std::string& local_addr, bool confined,
+                                const std::string& fqdn, const std::vector<std::string>& resolved) {
+  if (!local_addr.empty()) return {local_addr, bind_address(local_addr)};
+  if (!confined) return {fqdn, "0.0.0.0"};
+  const bool all_loopback =
+      !resolved.empty() && std::all_of(resolved.begin(), resolved.end(), is_loopback_address);
+  if (!all_loopback) return {"127.0.0.1", "127.0.0.1"};
+  auto v4 = std::find_if(resolved.begin(), resolved.end(),
+                         [](const std::string& a) { return a.find(':') == std::string::npos; });
+  return {fqdn, v4 != resolved.end() ? *v4 : resolved.front()};
+}
+
+std::string static_master_addr(const std::string& host) {
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+bool is_worker_key(std::string_view key) { return key.rfind("/ddprun/", 0) != 0; }
+
+// Python's socket.getfqdn(): gethostbyaddr() of the hostname's first address, then the first
+// of its name and aliases with a dot.
+std::string fqdn() {
+  const std::string host = hostname();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return host;
+  hostent he{};
+  hostent* found = nullptr;
+  std::array<char, 8192> buf{};
+  int herr = 0;
+  if (res->ai_family == AF_INET) {
+    const auto* sa = reinterpret_cast<const sockaddr_in*>(res->ai_addr);
+    ::gethostbyaddr_r(&sa->sin_addr, sizeof(sa->sin_addr), AF_INET, &he, buf.data(), buf.size(),
+                      &found, &herr);
+  } else if (res->ai_family == AF_INET6) {
+    const auto* sa = reinterpret_cast<const sockaddr_in6*>(res->ai_addr);
+    ::gethostbyaddr_r(&sa->sin6_addr, sizeof(sa->sin6_addr), AF_INET6, &he, buf.data(), buf.size(),
+                      &found, &herr);
+  }
+  ::freeaddrinfo(res);
+  if (!found || !found->h_name) return host;
+  std::vector<std::string> aliases;
+  for (char** a = found->h_aliases; a && *a; ++a) aliases.emplace_back(*a);
+  return pick_fqdn(found->h_name, aliases);
+}
+
+WorkersAddr workers_addr(const std::string& local_addr, bool confined) {
+  if (!local_addr.empty()) return choose_workers_addr(local_addr, confined, "", {});
+  const std::string name = fqdn();
+  return choose_workers_addr("", confined, name,
+                             confined ? numeric_addresses(name) : std::vector<std::string>{});
+}
 
 std::string hostname() {
   char buf[256] = {0};
@@ -79,11 +174,11 @@ std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::ui
   return s;
 }
 
-RendezvousStore open_rendezvous_store(const LaunchConfig& config) {
+RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::string& private_bind) {
   RendezvousStore rs;
   if (config.private_store) {  // a private store on a free port: two jobs never collide
-    rs.server = start_server("127.0.0.1", 0);
-    rs.host = "127.0.0.1";
+    rs.server = start_server(private_bind, 0);
+    rs.host = private_bind == "0.0.0.0" ? "127.0.0.1" : private_bind;
     rs.port = rs.server->port();
     return rs;
   }
@@ -164,6 +259,14 @@ void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,
     std::this_thread::sleep_for(milliseconds(25));
   }
   // No agent hosts it: a plain store (a ddprund), shared by design.
+}
+
+std::size_t clear_worker_keys(rdzv::StoreClient& store) {
+  std::size_t n = 0;
+  for (const auto& k : store.list_keys()) {
+    if (is_worker_key(k) && store.delete_key(k)) ++n;
+  }
+  return n;
 }
 
 }  // namespace ddp::launch

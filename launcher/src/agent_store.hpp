@@ -1,13 +1,17 @@
 // The agent's rendezvous store: hosting it (--standalone, node rank 0 of a static job, or the
 // endpoint's host for c10d, torch's is_host heuristic), connecting to it while a stop signal
-// can still end the wait, and refusing another job's agent store. Private to the launcher.
+// can still end the wait, and refusing another job's agent store. The workers' address
+// (master_addr.hpp) with its lookups, and the clearing of the workers' keys from an agent's
+// store that serves them (static, --standalone) between rounds. Private to the launcher.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "ddp/launch/config.hpp"
+#include "ddp/launch/master_addr.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/server.hpp"
 
@@ -27,8 +31,19 @@ struct RendezvousStore {
   bool port_taken = false;  // we meant to host it, but something else holds the port
 };
 
+// Python's socket.getfqdn() for this host (hostname() when the lookups fail).
+std::string fqdn();
+
+// choose_workers_addr() for this host: the fqdn looked up only when --local-addr is not given.
+WorkersAddr workers_addr(const std::string& local_addr, bool confined);
+
 std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port);
-RendezvousStore open_rendezvous_store(const LaunchConfig& config);
+// `private_bind`: where a private store (--standalone) listens; it serves the workers too.
+RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::string& private_bind);
+
+// Deletes every key the workers wrote (is_worker_key) in an agent's store that serves them, so
+// that a restarted round never reads an earlier round's addresses or counters. Returns how many.
+std::size_t clear_worker_keys(rdzv::StoreClient& store);
 
 // Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
 // for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.

@@ -293,7 +293,11 @@ Std StdSpec::for_rank(int local_rank) const {
 
 Endpoint resolve_endpoint(const LaunchConfig& c) {
   if (c.rdzv_endpoint.empty()) {
-    if (c.rdzv_backend == "static") return {c.master_addr, c.master_port};
+    if (c.rdzv_backend == "static") {  // torchrun's IPv6 form [::1] loses its brackets
+      const std::string& a = c.master_addr;
+      const bool bracketed = a.size() > 2 && a.front() == '[' && a.back() == ']';
+      return {bracketed ? a.substr(1, a.size() - 2) : a, c.master_port};
+    }
     throw ConfigError("--rdzv-endpoint is required for --rdzv-backend=" + c.rdzv_backend +
                       " (or use --standalone)");
   }
@@ -324,8 +328,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
   app.allow_extras(false);
   std::map<std::string, CLI::Option*> opts;
   auto value = [&](const FlagSpec& s, auto& target) {
-    opts[s.dest] = app.add_option(s.names, target)
-                       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    opts[s.dest] =
+        app.add_option(s.names, target)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   };
   auto text = [&](const FlagSpec& s) {
     opts[s.dest] =
@@ -334,11 +338,12 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
   auto flag = [&](const FlagSpec& s, bool& target) {
     opts[s.dest] = app.add_flag(s.names, target);
   };
-  const std::map<std::string, bool*> switches = {
-      {"standalone", &c.standalone},       {"module", &c.module},
-      {"no_python", &c.no_python},         {"run_path", &c.run_path},
-      {"virtual_local_rank", &c.virtual_local_rank},
-      {"per_worker_slurm_env", &c.per_worker_slurm_env}};
+  const std::map<std::string, bool*> switches = {{"standalone", &c.standalone},
+                                                 {"module", &c.module},
+                                                 {"no_python", &c.no_python},
+                                                 {"run_path", &c.run_path},
+                                                 {"virtual_local_rank", &c.virtual_local_rank},
+                                                 {"per_worker_slurm_env", &c.per_worker_slurm_env}};
   for (const auto& s : flag_specs()) {
     std::string d = s.dest;
     if (s.is_switch)
@@ -432,12 +437,13 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
     validate_and_fill(c, raw, env);
     if (slurm.active) result.notice = apply_slurm(c, slurm, opts);
     // torch 2.15 (run.py's run()): static with no endpoint and no --master-port on one node
-    // becomes c10d on a free local port with a fresh run id, as --standalone does.
+    // becomes c10d on a free local port with a fresh run id, as --standalone does (under
+    // Slurm the run id stays the job's, a ddprun default torchrun does not have).
     if (c.rdzv_backend == "static" && c.rdzv_endpoint.empty() && !c.master_port_given &&
         c.max_nodes == 1 && !c.standalone) {
       c.rdzv_backend = "c10d";
       c.rdzv_endpoint = "localhost:0";
-      c.rdzv_id = random_run_id();
+      if (!slurm.active) c.rdzv_id = random_run_id();
       c.private_store = true;
     }
     c.rdzv = resolve_endpoint(c);  // the one parse: a malformed endpoint fails now

@@ -16,8 +16,8 @@ using G = FlagGroup;
 constexpr FlagSpec kFlags[] = {
     {"nnodes", "--nnodes", false, true, G::size, "NNODES", "1:1",
      "Number of nodes, or MIN:MAX for an elastic job (c10d)."},
-    {"nproc_per_node", "--nproc-per-node,--nproc_per_node", false, true, G::size,
-     "NPROC_PER_NODE", "1",
+    {"nproc_per_node", "--nproc-per-node,--nproc_per_node", false, true, G::size, "NPROC_PER_NODE",
+     "1",
      "Workers per node: an integer, cpu (usable CPUs), gpu (GPUs in CUDA_VISIBLE_DEVICES) or "
      "auto (GPUs, else CPUs)."},
     {"rdzv_backend", "--rdzv-backend,--rdzv_backend", false, true, G::rendezvous, "RDZV_BACKEND",
@@ -53,8 +53,7 @@ constexpr FlagSpec kFlags[] = {
     {"run_path", "--run-path,--run_path", true, true, G::user_code, "", "off",
      "Run the script with runpy.run_path under torchrun's error recording; takes precedence "
      "over --no-python."},
-    {"log_dir", "--log-dir,--log_dir", false, true, G::user_code, "LOG_DIR",
-     "(a temporary folder)",
+    {"log_dir", "--log-dir,--log_dir", false, true, G::user_code, "LOG_DIR", "(a temporary folder)",
      "Base folder of the log files; each run gets a private <rdzv_id>_<random> folder in it."},
     {"redirects", "-r,--redirects", false, true, G::user_code, "REDIRECTS", "0",
      "Send workers' streams to files: 0 none, 1 out, 2 err, 3 both; or per local rank as "
@@ -96,17 +95,16 @@ constexpr FlagSpec kFlags[] = {
      "SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30",
      "Seconds between the stop signal and SIGKILL when workers are stopped."},
     {"virtual_local_rank", "--virtual-local-rank,--virtual_local_rank", true, true, G::compat, "",
-     "off",
-     "Every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES narrowed)."},
+     "off", "Every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES narrowed)."},
     {"print_completion", "--print-completion,--print_completion", false, false, G::completion,
      "{bash,zsh,tcsh}", "(none)",
      "Print a completion script for ddprun to stdout and exit (no extra package needed)."},
-    {"max_nproc_per_node", "--max-nproc-per-node,--max_nproc_per_node", false, true, G::ddprun,
-     "N", "min(1024, RLIMIT_NPROC/2, pid_max/16)",
+    {"max_nproc_per_node", "--max-nproc-per-node,--max_nproc_per_node", false, true, G::ddprun, "N",
+     "min(1024, RLIMIT_NPROC/2, pid_max/16)",
      "ddprun's own: raises the bound on workers per node, up to min(65536, RLIMIT_NPROC, "
      "pid_max/2)."},
-    {"per_worker_slurm_env", "--per-worker-slurm-env,--per_worker_slurm_env", true, true,
-     G::ddprun, "", "off",
+    {"per_worker_slurm_env", "--per-worker-slurm-env,--per_worker_slurm_env", true, true, G::ddprun,
+     "", "off",
      "ddprun's own: under Slurm, give each worker SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, "
      "SLURM_NTASKS... from its ranks, for scripts that rank themselves by Slurm's variables."},
 };
@@ -137,18 +135,12 @@ std::string wrap(const std::string& text, std::size_t indent, std::size_t width)
 
 const char* group_title(FlagGroup g) {
   switch (g) {
-    case G::size:
-      return "Worker/node size";
-    case G::rendezvous:
-      return "Rendezvous";
-    case G::user_code:
-      return "User-code launch";
-    case G::compat:
-      return "Backwards compatible (caffe2.distributed.launch) and node settings";
-    case G::completion:
-      return "Shell completion";
-    case G::ddprun:
-      return "ddprun's own";
+    case G::size: return "Worker/node size";
+    case G::rendezvous: return "Rendezvous";
+    case G::user_code: return "User-code launch";
+    case G::compat: return "Backwards compatible (caffe2.distributed.launch) and node settings";
+    case G::completion: return "Shell completion";
+    case G::ddprun: return "ddprun's own";
   }
   return "";
 }
@@ -185,8 +177,7 @@ std::string help_text() {
       std::string head = "  " + spelled_names(s);
       if (!s.is_switch) head += std::string(" ") + s.metavar;
       out += head + "\n" + std::string(24, ' ') + wrap(s.help, 24, 96) + "\n" +
-             std::string(24, ' ') + "Default: " + s.fallback + (s.from_env ? " (PET)" : "") +
-             "\n";
+             std::string(24, ' ') + "Default: " + s.fallback + (s.from_env ? " (PET)" : "") + "\n";
     }
   }
   return out;
@@ -241,16 +232,18 @@ std::string completion_script(const std::string& shell) {
            "complete -o filenames -F _ddprun ddprun\n";
   }
   if (shell == "zsh") {
-    std::string out = "#compdef ddprun\n# zsh completion for ddprun (from `ddprun "
-                      "--print-completion zsh`)\n_arguments -S \\\n";
+    std::string out =
+        "#compdef ddprun\n# zsh completion for ddprun (from `ddprun "
+        "--print-completion zsh`)\n_arguments -S \\\n";
     for (const auto& s : kFlags) {
       for (const auto& n : names_of(s)) {
         out += "  '" + n + (s.is_switch ? "" : "=") + "[" + s.dest + "]" +
                (s.is_switch ? "" : ":" + std::string(s.dest) + ":") + "' \\\n";
       }
     }
-    return out + "  '(-h --help)'{-h,--help}'[show the help]' \\\n  '1:script:_files' \\\n"
-                 "  '*::args:_files'\n";
+    return out +
+           "  '(-h --help)'{-h,--help}'[show the help]' \\\n  '1:script:_files' \\\n"
+           "  '*::args:_files'\n";
   }
   if (shell == "tcsh") {
     std::string list;

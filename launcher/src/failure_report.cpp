@@ -1,5 +1,9 @@
-// Failure summary in torchrun's layout, error-file parsing, and the exit-code policy.
+// Failure summary in torchrun's layout (torch's ChildFailedError.format_msg, text for text:
+// the rule's width, the failures numbered by rank, "-9 (pid: N)  (SIGKILL)"), error-file
+// parsing, and the exit-code policy.
 #include "ddp/launch/failure_report.hpp"
+
+#include <string.h>
 
 #include <algorithm>
 #include <ctime>
@@ -9,9 +13,6 @@
 
 namespace ddp::launch {
 namespace {
-
-constexpr const char* kRule = "============================================================";
-constexpr const char* kThin = "------------------------------------------------------------";
 
 std::string format_time(double unix_seconds) {
   std::time_t t = static_cast<std::time_t>(unix_seconds);
@@ -27,29 +28,31 @@ const Failure& root_cause(const std::vector<Failure>& f) {
                            [](const Failure& a, const Failure& b) { return a.time() < b.time(); });
 }
 
-void describe(std::ostringstream& out, int index, const Failure& f) {
+// Characters, as Python's len() counts them (UTF-8 continuation bytes do not count).
+std::size_t text_width(const std::string& line) {
+  return static_cast<std::size_t>(std::count_if(line.begin(), line.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
+// One failure as torch's _FAILURE_FORMAT_TEMPLATE writes it: the exit code torchrun's way
+// (-9 for a signal, the signal's name after the pid), the message's lines indented by 2.
+std::string describe(std::size_t index, const Failure& f) {
+  std::ostringstream out;
+  const std::string name = f.exit.signal != 0 ? torchrun_signal_name(f.exit.signal) : "";
   out << "[" << index << "]:\n";
   out << "  time      : " << format_time(f.time()) << "\n";
   out << "  host      : " << f.host << "\n";
   out << "  rank      : " << f.global_rank << " (local_rank: " << f.exit.local_rank << ")\n";
-  out << "  exitcode  : " << f.exit.describe() << " (pid: " << f.exit.pid << ")\n";
+  out << "  exitcode  : " << torchrun_exitcode(f.exit) << " (pid: " << f.exit.pid << ") "
+      << (name.empty() ? "" : " (" + name + ")") << "\n";
   out << "  error_file: " << (f.reported ? f.error_file : "<N/A>") << "\n";
-  std::string tb;
-  if (f.reported) {
-    tb = f.reported->traceback.empty() ? f.reported->message : f.reported->traceback;
-  } else if (f.exit.signal != 0) {
-    tb = f.exit.describe() + " received by PID " + std::to_string(f.exit.pid);
-  } else {
-    tb = "the worker wrote no error file (see its output above)";
+  std::string msg = failure_message(f);
+  for (std::size_t at = msg.find('\n'); at != std::string::npos; at = msg.find('\n', at + 3)) {
+    msg.insert(at + 1, "  ");
   }
-  std::istringstream lines(tb);
-  std::string line;
-  bool first = true;
-  while (std::getline(lines, line)) {
-    out << (first ? "  traceback : " : "    ") << line << "\n";
-    first = false;
-  }
-  if (first) out << "  traceback : <N/A>\n";
+  out << "  traceback : " << msg;
+  return out.str();
 }
 
 }  // namespace
@@ -99,21 +102,59 @@ std::optional<ErrorFile> read_error_file(const std::string& path) {
   return e;
 }
 
-std::string format_failure_summary(const std::string& name, std::vector<Failure> failures) {
-  std::ostringstream out;
-  out << kRule << "\n" << name << " FAILED\n" << kThin << "\nFailures:\n";
-  const Failure& root = root_cause(failures);
-  int index = 1;
-  bool others = false;
-  for (const auto& f : failures) {
-    if (&f == &root) continue;
-    describe(out, index++, f);
-    others = true;
+std::string torchrun_signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "";
+}
+
+int torchrun_exitcode(const WorkerExit& e) { return e.signal != 0 ? -e.signal : e.exit_code; }
+
+std::string failure_message(const Failure& f) {
+  std::string msg;
+  if (f.reported) {
+    msg = !f.reported->traceback.empty() ? f.reported->traceback
+          : !f.reported->message.empty() ? f.reported->message
+                                         : "<N/A>";
+  } else if (f.exit.signal != 0) {
+    const std::string name = torchrun_signal_name(f.exit.signal);
+    msg = "Signal " + std::to_string(f.exit.signal) + " (" + (name.empty() ? "<N/A>" : name) +
+          ") received by PID " + std::to_string(f.exit.pid);
+  } else {
+    msg = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
   }
-  if (!others) out << "  <NO_OTHER_FAILURES>\n";
-  out << kThin << "\nRoot Cause (first observed failure):\n";
-  describe(out, 0, root);
-  out << kRule << "\n";
+  if (f.exit.oom.named()) msg += (msg.back() == '\n' ? "" : "; ") + f.exit.oom.text();
+  return msg;
+}
+
+std::string format_failure_summary(const std::string& name, std::vector<Failure> failures) {
+  const std::string title = name + " FAILED";
+  const Failure& root = root_cause(failures);
+  // torch numbers the failures in its dict's order (by global rank), the root cause included.
+  std::vector<const Failure*> by_rank;
+  for (const auto& f : failures) by_rank.push_back(&f);
+  std::stable_sort(by_rank.begin(), by_rank.end(), [](const Failure* a, const Failure* b) {
+    return a->global_rank < b->global_rank;
+  });
+  std::string root_block;
+  std::vector<std::string> others;
+  std::size_t width = text_width(title);
+  for (std::size_t i = 0; i < by_rank.size(); ++i) {
+    std::string block = describe(i, *by_rank[i]);
+    std::istringstream lines(block);
+    for (std::string line; std::getline(lines, line);) width = std::max(width, text_width(line));
+    if (by_rank[i] == &root) {
+      root_block = std::move(block);
+    } else {
+      others.push_back(std::move(block));
+    }
+  }
+  width = std::min<std::size_t>(width, 60);
+  const std::string rule(width, '='), thin(width, '-');
+  std::ostringstream out;
+  out << rule << "\n" << title << "\n" << thin << "\nFailures:\n";
+  if (others.empty()) out << "  <NO_OTHER_FAILURES>\n";
+  for (const auto& b : others) out << b << "\n";
+  out << thin << "\nRoot Cause (first observed failure):\n" << root_block << "\n" << rule << "\n";
   return out.str();
 }
 

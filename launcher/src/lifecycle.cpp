@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ddp/launch/agent_error_file.hpp"
 #include "ddp/launch/failure_report.hpp"
 #include "ddp/proto/error.hpp"
 
@@ -72,10 +73,12 @@ void report(const Decision& d, const RoundFacts& f, const LifecycleConfig& c,
   switch (d.report) {
     case Report::local_summary:
       std::fputs(format_failure_summary(c.entrypoint, f.failures).c_str(), stderr);
+      note_worker_failures(c.entrypoint, f.failures);  // for $TORCHELASTIC_ERROR_FILE
       break;
     case Report::remote_failure:
       std::fprintf(stderr, "ddprun: stopping: %s; no restarts left (--max-restarts=%d)\n",
                    f.event->describe().c_str(), c.max_restarts);
+      note_agent_error(f.event->describe());
       break;
     case Report::store_lost:
       std::fprintf(stderr, "ddprun: lost the rendezvous store at %s (%s); stopped the workers\n",

@@ -3,11 +3,15 @@
 #include "ddp/launch/worker_env.hpp"
 
 #include "ddp/launch/macros.hpp"
+#include "ddp/launch/run_path.hpp"
+#include "ddp/launch/slurm_worker_env.hpp"
+#include "ddp/proto/error.hpp"
 
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 #include <system_error>
 
 namespace ddp::launch {
@@ -20,7 +24,62 @@ std::string substitute_local_rank(const std::string& arg, int local_rank) {
   return safe_substitute(arg, {{"local_rank", std::to_string(local_rank)}}, /*escape=*/false);
 }
 
+// --virtual-local-rank (torchrun's _set_local_rank_env): this worker's entry of the parent's
+// HIP_VISIBLE_DEVICES (when set and not empty: it wins on ROCm) or CUDA_VISIBLE_DEVICES, spaces
+// stripped; str(local_rank) when neither is set. ConfigError when the list is too short.
+struct VirtualDevice {
+  std::string device;
+  bool hip = false;  // HIP_VISIBLE_DEVICES is written too
+};
+
+VirtualDevice virtual_device(const EnvMap& agent_env, int local_rank) {
+  VirtualDevice v;
+  const char* name = "CUDA_VISIBLE_DEVICES";
+  const std::string* list = nullptr;
+  if (auto hip = agent_env.find("HIP_VISIBLE_DEVICES");
+      hip != agent_env.end() && !hip->second.empty()) {
+    name = "HIP_VISIBLE_DEVICES";
+    list = &hip->second;
+    v.hip = true;
+  } else if (auto cuda = agent_env.find("CUDA_VISIBLE_DEVICES"); cuda != agent_env.end()) {
+    list = &cuda->second;
+  }
+  if (list == nullptr) {
+    v.device = std::to_string(local_rank);
+    return v;
+  }
+  std::vector<std::string> entries;
+  for (std::size_t start = 0;;) {
+    const auto comma = list->find(',', start);
+    entries.push_back(list->substr(start, comma == std::string::npos ? comma : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (static_cast<std::size_t>(local_rank) >= entries.size()) {
+    throw ConfigError("--virtual-local-rank: local rank " + std::to_string(local_rank) +
+                      " has no GPU in " + name + "=" + *list + " (" +
+                      std::to_string(entries.size()) +
+                      (entries.size() == 1 ? " entry" : " entries") +
+                      "); give at most one worker per entry (--nproc-per-node)");
+  }
+  constexpr std::string_view kSpace = " \t\n\r\v\f\x1c\x1d\x1e\x1f";  // Python's strip()
+  const std::string& e = entries[static_cast<std::size_t>(local_rank)];
+  const auto b = e.find_first_not_of(kSpace);
+  v.device = b == std::string::npos ? "" : e.substr(b, e.find_last_not_of(kSpace) - b + 1);
+  return v;
+}
+
 }  // namespace
+
+std::string check_worker_env_options(const LaunchConfig& config, int nproc,
+                                     const EnvMap& agent_env) {
+  if (config.virtual_local_rank && nproc > 0) (void)virtual_device(agent_env, nproc - 1);
+  if (config.per_worker_slurm_env && !under_slurm(agent_env)) {
+    return "--per-worker-slurm-env: not inside a Slurm job (SLURM_JOB_ID is unset), so the "
+           "workers get no SLURM_* variables from ddprun";
+  }
+  return "";
+}
 
 bool is_native_executable(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -54,7 +113,12 @@ std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
     auto py = agent_env.find("PYTHON_EXEC");  // declared in proto/src/knobs.cpp
     argv.push_back(py != agent_env.end() && !py->second.empty() ? py->second : "python3");
     argv.push_back("-u");
-    if (config.module) argv.push_back("-m");
+    if (config.run_path) {  // torch's run_script_path under record() (run_path.hpp)
+      argv.push_back("-c");
+      argv.push_back(run_path_bootstrap());
+    } else if (config.module) {
+      argv.push_back("-m");
+    }
   }
   argv.push_back(substitute_local_rank(config.entrypoint, local_rank));
   for (const auto& a : config.args) argv.push_back(substitute_local_rank(a, local_rank));
@@ -87,6 +151,18 @@ EnvMap worker_env(const LaunchConfig& config, const GroupInfo& g, int local_rank
                             : g.attempt_dir + "/" + std::to_string(local_rank) + "/error.json");
   keep_or("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (g.local_world_size > 1) keep_or("OMP_NUM_THREADS", "1");
+  if (config.virtual_local_rank) {  // every worker sees its own GPU as device 0
+    set("LOCAL_RANK", "0");
+    const auto v = virtual_device(agent_env, local_rank);
+    set("CUDA_VISIBLE_DEVICES", v.device);
+    if (v.hip) set("HIP_VISIBLE_DEVICES", v.device);
+  }
+  if (config.per_worker_slurm_env && under_slurm(agent_env)) {
+    apply_slurm_worker_env(env, SlurmWorkerRanks{g.base_global_rank + local_rank,
+                                                 config.virtual_local_rank ? 0 : local_rank,
+                                                 g.group_rank, g.world_size, g.local_world_size,
+                                                 g.group_world_size, g.base_global_rank});
+  }
   return env;
 }
 

@@ -1,11 +1,13 @@
 // Spawning and reaping workers. fork+exec from the agent's main thread: the child joins a new
 // process group, asks for SIGKILL when its parent dies, closes every fd but 0-2 and ddprun's
-// inherited ones (close_range), and reports an exec failure through a close-on-exec pipe.
+// inherited ones (close_range), applies its --numa-binding (sched_setaffinity, set_mempolicy
+// with masks built before fork), and reports an exec failure through a close-on-exec pipe.
 // Exits are read from pidfds with poll(), so no exit waits for a timer.
 #include "ddp/launch/worker_group.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/mempolicy.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "ddp/launch/numa_binding.hpp"
 #include "ddp/proto/error.hpp"
 
 namespace ddp::launch {
@@ -56,7 +59,22 @@ struct ChildSetup {
   const std::vector<int>* keep;  // sorted, err_fd included
   int fallback_max;              // the highest fd to close one by one without close_range
   long long nofile_soft;
+  const std::vector<unsigned long>* cpu_mask;  // empty: keep the agent's CPUs
+  const std::vector<unsigned long>* mem_mask;  // empty: keep the default memory policy
 };
+
+// A bit mask of `bits` as the kernel's affinity and mempolicy calls take it; {} for none.
+std::vector<unsigned long> kernel_mask(const std::vector<int>& bits) {
+  std::vector<unsigned long> mask;
+  constexpr int kWord = 8 * sizeof(unsigned long);
+  for (int b : bits) {
+    if (b < 0) continue;
+    const auto word = static_cast<std::size_t>(b / kWord);
+    if (mask.size() <= word) mask.resize(word + 1, 0);
+    mask[word] |= 1UL << (b % kWord);
+  }
+  return mask;
+}
 
 // Runs in the child between fork and exec: only async-signal-safe calls.
 [[noreturn]] void exec_child(const std::vector<char*>& argv, const std::vector<char*>& envp,
@@ -67,6 +85,17 @@ struct ChildSetup {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != c.parent) ::_exit(127);  // the agent died before prctl took effect
   close_fds_except(*c.keep, c.fallback_max);
+  if (!c.cpu_mask->empty() &&
+      ::syscall(SYS_sched_setaffinity, 0, c.cpu_mask->size() * sizeof(unsigned long),
+                c.cpu_mask->data()) != 0) {
+    int e = -errno;  // negative: the binding failed, not exec
+    (void)!::write(c.err_fd, &e, sizeof(e));
+    ::_exit(127);
+  }
+  if (!c.mem_mask->empty()) {  // maxnode counts one past the mask's bits (libnuma's convention)
+    ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, c.mem_mask->data(),
+              c.mem_mask->size() * 8 * sizeof(unsigned long) + 1);
+  }
   if (c.nofile_soft >= 0) {
     rlimit rl{};
     if (::getrlimit(RLIMIT_NOFILE, &rl) == 0) {
@@ -105,8 +134,9 @@ std::vector<int> list_open_fds() {
 }
 
 std::string WorkerExit::describe() const {
-  if (signal != 0) return "Signal " + std::to_string(signal) + " (SIG" + signal_name(signal) + ")";
-  return std::to_string(exit_code);
+  if (signal == 0) return std::to_string(exit_code);
+  const std::string s = "Signal " + std::to_string(signal) + " (SIG" + signal_name(signal) + ")";
+  return oom.named() ? s + ", " + oom.headline() : s;
 }
 
 WorkerGroup::~WorkerGroup() {
@@ -145,8 +175,13 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   ::getrlimit(RLIMIT_NOFILE, &nofile);
   const int fallback_max = static_cast<int>(
       std::min<rlim_t>(nofile.rlim_cur == RLIM_INFINITY ? 65536 : nofile.rlim_cur, 1 << 20));
-  const ChildSetup setup{::getpid(), pipefd[1],    spec.stdout_fd,      spec.stderr_fd,
-                         &keep,      fallback_max, options_.nofile_soft};
+  const std::vector<unsigned long> cpu_mask = kernel_mask(spec.cpus);
+  const std::vector<unsigned long> mem_mask =
+      kernel_mask(spec.mem_node >= 0 ? std::vector<int>{spec.mem_node} : std::vector<int>{});
+  const ChildSetup setup{::getpid(),           pipefd[1], spec.stdout_fd,
+                         spec.stderr_fd,       &keep,     fallback_max,
+                         options_.nofile_soft, &cpu_mask, &mem_mask};
+  OomWatch oom = watch_oom(::getpid());  // the worker starts in the agent's cgroup
   pid_t pid = ::fork();
   if (pid < 0) {
     int e = errno;
@@ -161,9 +196,13 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   int exec_errno = 0;
   ssize_t n = ::read(pipefd[0], &exec_errno, sizeof(exec_errno));  // EOF once exec succeeds
   ::close(pipefd[0]);
-  workers_.push_back({static_cast<int>(rank), pid, pidfd_open(pid), false});
+  workers_.push_back({static_cast<int>(rank), pid, pidfd_open(pid), false, std::move(oom)});
   if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
     stop(std::chrono::milliseconds(0), SIGKILL);
+    if (exec_errno < 0) {
+      throw ConfigError("--numa-binding: cannot bind local rank " + std::to_string(rank) +
+                        " to CPUs " + cpu_list_text(spec.cpus) + ": " + std::strerror(-exec_errno));
+    }
     throw ConfigError("cannot execute '" + spec.argv[0] + "' for local rank " +
                       std::to_string(rank) + ": " + std::strerror(exec_errno));
   }
@@ -181,6 +220,7 @@ WorkerExit WorkerGroup::reap(Worker& w) {
   e.pid = w.pid;
   e.when = std::chrono::system_clock::now();
   if (r == w.pid && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  if (e.signal != 0 && !w.sigkilled) e.oom = check_oom(w.oom, e.signal);
   if (r == w.pid && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
   return e;
 }
@@ -209,8 +249,10 @@ std::optional<WorkerExit> WorkerGroup::wait_any(std::chrono::milliseconds timeou
 }
 
 void WorkerGroup::signal_all(int sig) {
-  for (const auto& w : workers_) {
-    if (!w.done) ::killpg(w.pid, sig);
+  for (auto& w : workers_) {
+    if (w.done) continue;
+    w.sigkilled = w.sigkilled || sig == SIGKILL;
+    ::killpg(w.pid, sig);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "ddp/launch/agent.hpp"
+#include "ddp/launch/agent_error_file.hpp"
 #include "ddp/launch/descendants.hpp"
 #include "ddp/launch/round_workers.hpp"
 #include "ddp/launch/worker_env.hpp"
@@ -67,15 +68,20 @@ int main(int argc, char** argv) {
     if (!program.empty() && ddp::launch::is_native_executable(program)) config.no_python = true;
   }
   int rc = 1;
+  std::string error;  // for $TORCHELASTIC_ERROR_FILE
   try {
     rc = ddp::launch::run_agent(config, env, process);
   } catch (const ddp::Error& e) {  // the kind decides the exit code: 2 usage/config, else 1
-    std::cerr << "ddprun: " << e.what() << "\n";
+    error = std::string("ddprun: ") + e.what();
+    std::cerr << error << "\n";
     rc = ddp::exit_code(e.code());
   } catch (const std::exception& e) {
-    std::cerr << "ddprun: " << e.what() << "\n";
+    error = std::string("ddprun: ") + e.what();
+    std::cerr << error << "\n";
     rc = 1;
   }
+  // The root cause, where a scheduler or a parent launcher asked for it (env: ddprun's own).
+  ddp::launch::write_agent_error_file(env, rc, error);
   // Whatever a worker left behind goes with the agent (the workers are gone by now).
   ddp::launch::clear_leftovers(process.watcher);
   ddp::launch::stop_watcher(process.watcher, watcher_pipe);

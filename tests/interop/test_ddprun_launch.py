@@ -165,3 +165,101 @@ def test_redirected_output_is_kept_in_a_private_folder(tmp_path):
     p = ddprun("--standalone", "--nproc-per-node=1", "--no-python", "/bin/true",
                env=dict(os.environ, TMPDIR=str(quiet)))
     assert p.returncode == 0 and os.listdir(quiet) == [], p.stderr
+
+
+FAKE_UUIDS = ["GPU-0b6a1f3e-1111-2222-3333-444455556666", "GPU-7c2d9e10-1111-2222-3333-444455556666",
+              "GPU-e4a8c2b5-1111-2222-3333-444455556666", "GPU-e9f01d27-1111-2222-3333-444455556666"]
+
+
+def torch_device_count(cvd):
+    """torch 2.15's own count for FAKE_UUIDS' machine: its NVML path with NVML's answers
+    replaced by the fake machine's (what torch.cuda.device_count() returns on such a box)."""
+    from unittest import mock
+    import torch.cuda
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if cvd is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cvd
+    with mock.patch.dict(os.environ, env, clear=True), \
+            mock.patch.object(torch.cuda, "_raw_device_uuid_nvml", return_value=FAKE_UUIDS), \
+            mock.patch.object(torch.cuda, "_raw_device_count_nvml", return_value=4):
+        return torch.cuda._device_count_nvml()
+
+
+@pytest.mark.parametrize("cvd,count", [
+    (None, 4),                                    # unset: every GPU of the machine
+    ("3,1,7,0", 2),                               # 7 is past the machine's GPUs: ends the list
+    (f"GPU-e4a8,{FAKE_UUIDS[0]},2", 2),           # a UUID prefix, a UUID; the index ends it
+    (f"2,{FAKE_UUIDS[0]}", 1),                    # forms never mix: the UUID ends the list
+    (f"2,GPU-0b6a,0,1", 1),
+    ("1,0,1", 0),                                 # a repeated index: no GPU at all
+    ("", 0),
+])
+def test_nproc_per_node_gpu_counts_the_gpus_cuda_visible_devices_leaves(tmp_path, cvd, count):
+    """--nproc-per-node=gpu counts what torch.cuda.device_count() would: the driver's GPUs (a
+    fake /proc/driver/nvidia/gpus of 4 through DDPRUN_NVIDIA_GPUS_DIR) that
+    CUDA_VISIBLE_DEVICES leaves visible; none visible is an error naming the variable."""
+    gpus = tmp_path / "gpus"
+    for i, uuid in enumerate(FAKE_UUIDS):
+        d = gpus / f"0000:{0x1a + 0x20 * i:02x}:00.0"
+        d.mkdir(parents=True)
+        (d / "information").write_text(f"Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid}\n"
+                                       f"Bus Location: \t {d.name}\nDevice Minor: \t {i}\n")
+    assert torch_device_count(cvd) == count  # the expectation is torch's own
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(DDPRUN_NVIDIA_GPUS_DIR=str(gpus), OUT=str(tmp_path))
+    if cvd is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cvd
+    p = subprocess.run([DDPRUN, "--standalone", "--nproc-per-node=gpu", "--no-python", "/bin/sh",
+                        "-c", 'echo "$LOCAL_WORLD_SIZE" > "$OUT/worker-$LOCAL_RANK"'],
+                       capture_output=True, text=True, timeout=120, env=env)
+    if count == 0:
+        assert p.returncode == 2, p.stderr
+        assert "--nproc-per-node=gpu: no NVIDIA GPU is visible" in p.stderr
+        assert f"CUDA_VISIBLE_DEVICES='{cvd}' leaves none of this machine's 4" in p.stderr
+        assert not list(tmp_path.glob("worker-*"))
+        return
+    assert p.returncode == 0, p.stderr
+    written = sorted(f.name for f in tmp_path.glob("worker-*"))
+    assert written == [f"worker-{r}" for r in range(count)]
+    assert {(tmp_path / w).read_text() for w in written} == {f"{count}\n"}
+
+
+def test_nproc_per_node_auto_without_gpus_counts_the_cpus_this_process_may_use(tmp_path):
+    """auto with no GPU visible, and cpu: the CPUs in ddprun's affinity mask, as torch's
+    cpu_count() (len(os.sched_getaffinity(0))), not every CPU of the machine."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    env = dict(os.environ, DDPRUN_NVIDIA_GPUS_DIR=str(tmp_path / "no-driver"), OUT=str(tmp_path))
+    for spec in ("auto", "cpu"):
+        p = subprocess.run(["taskset", "-c", str(cpu), DDPRUN, "--standalone",
+                            f"--nproc-per-node={spec}", "--no-python", "/bin/sh", "-c",
+                            'echo "$LOCAL_WORLD_SIZE" > "$OUT/$0-$LOCAL_RANK"', spec],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+        assert sorted(f.name for f in tmp_path.glob(f"{spec}-*")) == [f"{spec}-0"]
+    p = subprocess.run([DDPRUN, "--standalone", "--nproc-per-node=gpu", "/bin/true"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2 and "the driver lists none in" in p.stderr, p.stderr
+
+
+def test_virtual_local_rank_as_torchrun(tmp_path):
+    """--virtual-local-rank: every worker sees LOCAL_RANK=0 and its own entry of the parent's
+    CUDA_VISIBLE_DEVICES (stripped), the same under torchrun 2.15 and ddprun; a list shorter
+    than the workers stops the job before any worker starts."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    script = 'echo "$LOCAL_RANK [$CUDA_VISIBLE_DEVICES] $RANK" > "$OUT/$0-$RANK"'
+    for name, launcher in (("torchrun", torchrun), ("ddprun", DDPRUN)):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="4, GPU-5e ,6", OUT=str(tmp_path))
+        p = subprocess.run([launcher, "--standalone", "--nproc-per-node=2", "--virtual-local-rank",
+                            "--no-python", "/bin/sh", "-c", script, name],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+    for rank, seen in ((0, "0 [4] 0\n"), (1, "0 [GPU-5e] 1\n")):
+        assert (tmp_path / f"torchrun-{rank}").read_text() == seen
+        assert (tmp_path / f"ddprun-{rank}").read_text() == seen
+    p = subprocess.run([DDPRUN, "--standalone", "--nproc-per-node=3", "--virtual-local-rank",
+                        "--no-python", "/bin/sh", "-c", script, "short"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES="4,5", OUT=str(tmp_path)))
+    assert p.returncode == 2, p.stderr
+    assert "local rank 2 has no GPU in CUDA_VISIBLE_DEVICES=4,5 (2 entries)" in p.stderr
+    assert not list(tmp_path.glob("short-*"))

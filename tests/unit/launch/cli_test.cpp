@@ -72,6 +72,7 @@ TEST_CASE("torchrun's defaults", "[unit][launch]") {
   CHECK(s.endpoint().host == "127.0.0.1");
   CHECK(s.endpoint().port == 29500);
   CHECK(ok({"--nnodes=2", "train.py"}).rdzv_backend == "static");
+  CHECK(ok({"--master-addr=[::1]", "--master-port=5", "x"}).endpoint().host == "::1");
   CHECK(ok({"train.py"}, {{"PET_MASTER_PORT", "29511"}}).rdzv_backend == "static");
 }
 
@@ -81,8 +82,7 @@ TEST_CASE("torch 2.12-2.15's flags", "[unit][launch]") {
   CHECK(ok({"x"}, {{"PET_SHUTDOWN_TIMEOUT", "7"}}).shutdown_timeout_s == 7);
   CHECK(bad({"--shutdown-timeout=1.5", "x"}).find("--shutdown-timeout") != std::string::npos);
   CHECK(bad({"--shutdown-timeout=-1", "x"}).find("--shutdown-timeout") != std::string::npos);
-  CHECK(bad({"--shutdown-timeout=99999999", "x"}).find("--shutdown-timeout") !=
-        std::string::npos);
+  CHECK(bad({"--shutdown-timeout=99999999", "x"}).find("--shutdown-timeout") != std::string::npos);
   for (const char* mode : {"node", "socket", "exclusive", "core-complex"}) {
     CHECK(ok({std::string("--numa-binding=") + mode, "x"}).numa_binding == mode);
     CHECK(ok({"--numa_binding", mode, "x"}).numa_binding == mode);

@@ -25,8 +25,9 @@ struct AgentProcess {
 int run_agent(const LaunchConfig& config, const EnvMap& agent_env,
               const AgentProcess& process = {});
 
-// --nproc-per-node resolved: an integer as given; cpu = cores; gpu = NVIDIA devices (error
-// if none); auto = devices if any, else cores.
-int resolve_nproc(const std::string& spec);
+// --nproc-per-node resolved: an integer as given; cpu = the CPUs this process may run on
+// (sched_getaffinity, as torch); gpu = the NVIDIA GPUs visible through `env`'s
+// CUDA_VISIBLE_DEVICES (gpu_devices.hpp; a ConfigError if none); auto = those GPUs, else CPUs.
+int resolve_nproc(const std::string& spec, const EnvMap& env);
 
 }  // namespace ddp::launch

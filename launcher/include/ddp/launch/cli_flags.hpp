@@ -13,12 +13,12 @@ enum class FlagGroup { size, rendezvous, user_code, compat, completion, ddprun }
 const char* group_title(FlagGroup g);
 
 struct FlagSpec {
-  const char* dest;     // argparse's dest: PET_<DEST> and the config field
-  const char* names;    // CLI11's names, short first: "-r,--redirects"
-  bool is_switch;       // takes no value
-  bool from_env;        // torchrun reads PET_<DEST> for it (action=env / check_env)
+  const char* dest;   // argparse's dest: PET_<DEST> and the config field
+  const char* names;  // CLI11's names, short first: "-r,--redirects"
+  bool is_switch;     // takes no value
+  bool from_env;      // torchrun reads PET_<DEST> for it (action=env / check_env)
   FlagGroup group;
-  const char* metavar;  // "" for switches
+  const char* metavar;   // "" for switches
   const char* fallback;  // the default as --help shows it
   const char* help;
 };

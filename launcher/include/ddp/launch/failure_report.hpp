@@ -1,6 +1,7 @@
 // The failure summary torchrun prints when workers fail (torch-compat.md §3, "Error file and
 // @record"), the worker error files it reads, and ddprun's exit code, which, unlike torchrun's
-// constant 1, carries the root cause: its exit code, or 128 + signal. Pure formatting.
+// constant 1, carries the root cause: its exit code, or 128 + signal. Pure formatting; a
+// worker killed by the kernel's OOM killer is named after torchrun's text.
 #pragma once
 
 #include <optional>
@@ -31,7 +32,17 @@ struct Failure {
   double time() const;                // the error file's timestamp, else the exit time
 };
 
-// torchrun's block: "<name> FAILED", the other failures, then the root cause (earliest).
+// torchrun's exitcode: -N for a death by signal N, else the exit code.
+int torchrun_exitcode(const WorkerExit& e);
+// Python's name of a signal ("SIGKILL"); "" when it has none.
+std::string torchrun_signal_name(int sig);
+// The failure's "traceback" as torchrun shows it: the error file's traceback (else message),
+// else "Signal 9 (SIGKILL) received by PID 42", else torch's hint about @record. What the
+// OOM-kill counters found (oom.hpp) follows, after "; ".
+std::string failure_message(const Failure& f);
+
+// torchrun's block, text for text: "<name> FAILED", the other failures, then the root cause
+// (earliest); rules as wide as the widest line, at most 60.
 std::string format_failure_summary(const std::string& name, std::vector<Failure> failures);
 
 // 0 without failures; else the root cause's exit code, or 128 + its signal.

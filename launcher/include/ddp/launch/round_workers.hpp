@@ -34,7 +34,8 @@ struct SpawnResult {
 
 // Starts plan.nproc workers into `workers`, their output into `pump`. Stops early (the
 // workers started so far keep running) when `sigfd` is readable or a log file cannot be made.
-// Throws what WorkerGroup::spawn throws (a program that cannot be executed).
+// Throws what WorkerGroup::spawn throws (a program that cannot be executed) and what
+// numa_bindings_for_round throws (a --numa-binding that cannot be met).
 SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& workers, int sigfd);
 
 // Stops the round: `sig` to the workers and every other descendant of the agent (except

@@ -44,7 +44,16 @@ std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
 
 // The agent's environment plus the worker's variables (these win over inherited ones, except
 // TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS, which keep an inherited value).
+// --virtual-local-rank: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES (and HIP_VISIBLE_DEVICES when the
+// agent has it) = this worker's entry of the agent's list, or its local rank when unset
+// (torchrun's rule). --per-worker-slurm-env under Slurm: SLURM_PROCID ... (slurm_worker_env.hpp).
 EnvMap worker_env(const LaunchConfig& config, const GroupInfo& group, int local_rank,
                   const EnvMap& agent_env);
+
+// Checks made once before the rendezvous, for `nproc` workers: --virtual-local-rank with a
+// CUDA_VISIBLE_DEVICES (or HIP_VISIBLE_DEVICES) shorter than nproc is a ConfigError. Returns a
+// note for stderr ("" if none): --per-worker-slurm-env outside a Slurm job does nothing.
+std::string check_worker_env_options(const LaunchConfig& config, int nproc,
+                                     const EnvMap& agent_env);
 
 }  // namespace ddp::launch

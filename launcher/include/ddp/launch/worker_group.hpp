@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launch/oom.hpp"
 #include "ddp/launch/worker_env.hpp"
 
 namespace ddp::launch {
@@ -21,6 +22,11 @@ struct WorkerSpec {
   EnvMap env;
   int stdout_fd = -1;  // dup2'ed onto the worker's stdout/stderr; -1: inherit the agent's
   int stderr_fd = -1;
+  // --numa-binding (numa_binding.hpp), applied between fork and exec: the CPUs (OS indexes) the
+  // worker may run on (empty: the agent's) and the NUMA node its memory is preferred from
+  // (MPOL_PREFERRED; -1: the default policy; a refusal is ignored, it is only a preference).
+  std::vector<int> cpus{};
+  int mem_node = -1;
 };
 
 // The fds open in this process now (for main(), before it opens any: what ddprun inherited).
@@ -32,8 +38,9 @@ struct WorkerExit {
   int exit_code = 0;  // when it exited
   int signal = 0;     // when a signal ended it (then exit_code is 0)
   std::chrono::system_clock::time_point when;
+  OomFinding oom;  // a SIGKILL the agent did not send: whether the OOM killer's (oom.hpp)
   bool failed() const { return signal != 0 || exit_code != 0; }
-  // torchrun-style: the exit code, or "Signal 11 (SIGSEGV)".
+  // torchrun-style: the exit code, or "Signal 11 (SIGSEGV)"; an OOM kill's headline follows.
   std::string describe() const;
 };
 
@@ -81,6 +88,8 @@ class WorkerGroup {
     pid_t pid;
     int pidfd;
     bool done;
+    OomWatch oom{};          // its cgroup's OOM-kill count at spawn
+    bool sigkilled = false;  // the agent sent it SIGKILL (then it is no OOM question)
   };
   WorkerExit reap(Worker& w);
   Options options_;
