@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <limits>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 
+#include "cli_values.hpp"
 #include "ddp/launch/cli_flags.hpp"
 #include "ddp/launch/config.hpp"
 #include "ddp/launch/limits.hpp"
@@ -20,8 +22,6 @@
 
 namespace ddp::launch {
 namespace {
-
-constexpr const char* kUnset = "\x01unset";
 
 std::string upper(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -93,51 +93,6 @@ std::string random_run_id() {
   return id;
 }
 
-// torch 2.15's comma_separated_list: "a,b" -> {a, b}; ",," is a comma inside an item.
-std::vector<std::string> comma_separated_list(const std::string& text) {
-  std::vector<std::string> out(1);
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != ',') {
-      out.back().push_back(text[i]);
-    } else if (i + 1 < text.size() && text[i + 1] == ',') {
-      out.back().push_back(',');
-      ++i;
-    } else {
-      out.emplace_back();
-    }
-  }
-  return out;
-}
-
-// The flags torch 2.12-2.15 added: --shutdown-timeout, --numa-binding, the duplicate filters,
-// and --logs-specs (a Python plugin ddprun cannot load: an error, as torchrun's for one it
-// cannot find).
-void fill_torch_215_flags(LaunchConfig& c, const std::map<std::string, std::string>& raw) {
-  if (raw.at("shutdown_timeout") != kUnset) {
-    c.shutdown_timeout_s = static_cast<int>(
-        parse_int(raw.at("shutdown_timeout"), "--shutdown-timeout", 0, kMaxSeconds));
-  }
-  const std::string& numa = raw.at("numa_binding");
-  if (!numa.empty() && numa != "node" && numa != "socket" && numa != "exclusive" &&
-      numa != "core-complex") {
-    throw ConfigError("--numa-binding: invalid choice '" + numa +
-                      "' (choose from node, socket, exclusive, core-complex)");
-  }
-  c.numa_binding = numa;
-  if (raw.at("duplicate_stdout_filters") != kUnset) {
-    c.duplicate_stdout_filters = comma_separated_list(raw.at("duplicate_stdout_filters"));
-  }
-  if (raw.at("duplicate_stderr_filters") != kUnset) {
-    c.duplicate_stderr_filters = comma_separated_list(raw.at("duplicate_stderr_filters"));
-  }
-  if (raw.at("logs_specs") != kUnset) {
-    throw ConfigError("--logs-specs: Could not find entrypoint under 'torchrun.logs_specs[" +
-                      raw.at("logs_specs") +
-                      "]' key (ddprun cannot load torchrun's Python LogsSpecs plugins; its own "
-                      "logs are set with --log-dir, --redirects, --tee and --local-ranks-filter)");
-  }
-}
-
 void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>& raw,
                        const std::map<std::string, std::string>& env) {
   auto nn = split(raw.at("nnodes"), ':');
@@ -200,7 +155,7 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   if (raw.at("max_nproc_per_node") != kUnset) {
     c.max_nproc_per_node = to_int(raw.at("max_nproc_per_node"), "--max-nproc-per-node");
   }
-  fill_torch_215_flags(c, raw);
+  fill_newer_flags(c, raw);
   c.signals_to_handle_text = raw.at("signals_to_handle");
   for (const auto& s : split(raw.at("signals_to_handle"), ',')) {
     std::string name = s;
@@ -321,6 +276,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                                             {"numa_binding", ""},
                                             {"shutdown_timeout", kUnset},
                                             {"print_completion", kUnset},
+                                            {"hang_timeout", "600"},
+                                            {"on_hang", "report"},
+                                            {"straggler_factor", "3"},
                                             {"log_line_prefix_template", kUnset},
                                             {"max_nproc_per_node", kUnset}};
   CLI::App app{"ddprun: a torchrun-compatible launcher", "ddprun"};

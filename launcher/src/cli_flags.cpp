@@ -107,6 +107,17 @@ constexpr FlagSpec kFlags[] = {
      "", "off",
      "ddprun's own: under Slurm, give each worker SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, "
      "SLURM_NTASKS... from its ranks, for scripts that rank themselves by Slurm's variables."},
+    {"hang_timeout", "--hang-timeout,--hang_timeout", false, true, G::ddprun, "SECONDS", "600",
+     "ddprun's own: when no rank has made progress for this long, take every rank's stacks on "
+     "every node and name the stuck ones (0: off). See docs/hangs.md."},
+    {"on_hang", "--on-hang,--on_hang", false, true, G::ddprun, "{report,dump,restart,stop}",
+     "report",
+     "ddprun's own: after a hang report, go on (report), also keep the stacks (dump), restart "
+     "the workers as after a failure (restart), or stop the job with exit code 124 (stop)."},
+    {"straggler_factor", "--straggler-factor,--straggler_factor", false, true, G::ddprun, "FACTOR",
+     "3",
+     "ddprun's own: name a rank whose step time stays above FACTOR x the job's median (ranks "
+     "that report steps; 0: off)."},
 };
 
 std::vector<std::string> names_of(const FlagSpec& s) {

@@ -105,7 +105,26 @@ TEST_CASE("torch 2.12-2.15's flags", "[unit][launch]") {
   CHECK(bad({"--logs_specs=mine", "x"}).find("--logs-specs") != std::string::npos);
 }
 
-TEST_CASE("--standalone ignores the rendezvous flags, as torchrun does", "[unit][launch]") {
+TEST_CASE("ddprun's hang and straggler flags", "[unit][launch]") {
+  auto d = ok({"x"});
+  CHECK(d.hang_timeout_s == Approx(600));
+  CHECK(d.on_hang == "report");
+  CHECK(d.straggler_factor == Approx(3));
+  auto c = ok({"--hang-timeout=2.5", "--on-hang=restart", "--straggler-factor=1.5", "x"});
+  CHECK(c.hang_timeout_s == Approx(2.5));
+  CHECK(c.on_hang == "restart");
+  CHECK(c.straggler_factor == Approx(1.5));
+  CHECK(ok({"--hang_timeout", "0", "--straggler_factor", "0", "x"}).hang_timeout_s == 0);
+  CHECK(ok({"x"}, {{"PET_ON_HANG", "stop"}}).on_hang == "stop");
+  CHECK_THAT(bad({"--hang-timeout=soon", "x"}), Catch::Contains("--hang-timeout"));
+  CHECK_THAT(bad({"--hang-timeout=9999999", "x"}), Catch::Contains("--hang-timeout"));
+  CHECK_THAT(bad({"--on-hang=panic", "x"}), Catch::Contains("invalid choice 'panic'"));
+  CHECK_THAT(bad({"--straggler-factor=0.5", "x"}), Catch::Contains("above 1"));
+  CHECK_THAT(bad({"--straggler-factor=x", "x"}), Catch::Contains("--straggler-factor"));
+  CHECK_THAT(bad({"--straggler-factor=nan", "x"}), Catch::Contains("--straggler-factor"));
+}
+
+TEST_CASE("flag --standalone ignores the rendezvous flags, as torchrun does", "[unit][launch]") {
   auto c = ok({"--standalone", "--rdzv-backend=etcd-v2", "--rdzv-endpoint=not a host:x",
                "--rdzv-id=mine", "x"});
   CHECK(c.rdzv_backend == "c10d");
@@ -114,7 +133,7 @@ TEST_CASE("--standalone ignores the rendezvous flags, as torchrun does", "[unit]
   CHECK(c.private_store);
 }
 
-TEST_CASE("--print-completion prints a script and exits 0 without a training script",
+TEST_CASE("flag --print-completion prints a script and exits 0 without a training script",
           "[unit][launch]") {
   for (const char* shell : {"bash", "zsh", "tcsh"}) {
     auto r = parse_launch_args({"ddprun", "--print-completion", shell}, {});

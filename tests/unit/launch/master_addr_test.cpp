@@ -26,7 +26,7 @@ TEST_CASE("is_loopback_address takes numeric IPv4 and IPv6 loopbacks only",
   CHECK_FALSE(is_loopback_address(""));
 }
 
-TEST_CASE("--local-addr is MASTER_ADDR, as under torchrun", "[launch][master_addr]") {
+TEST_CASE("flag --local-addr is MASTER_ADDR, as under torchrun", "[launch][master_addr]") {
   auto w = choose_workers_addr("10.1.2.3", true, "node1.cluster", {"10.1.2.3"});
   CHECK(w.master_addr == "10.1.2.3");
   CHECK(w.bind == "0.0.0.0");

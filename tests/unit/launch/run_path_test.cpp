@@ -20,7 +20,7 @@ LaunchConfig config(std::vector<std::string> args) {
 
 }  // namespace
 
-TEST_CASE("--run-path runs the script through the bootstrap", "[unit][launch]") {
+TEST_CASE("flag --run-path runs the script through the bootstrap", "[unit][launch]") {
   auto c = config({"--run-path", "/abs/train_${local_rank}.py", "--lr", "$local_rank"});
   CHECK(worker_argv(c, 2, {}) == std::vector<std::string>{"python3", "-u", "-c",
                                                           run_path_bootstrap(), "/abs/train_2.py",

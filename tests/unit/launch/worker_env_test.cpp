@@ -97,7 +97,7 @@ TEST_CASE("inherited NCCL and OpenMP settings are kept; one worker gets no OMP d
   CHECK(worker_env(c, g, 1, {{"OMP_NUM_THREADS", "8"}}).at("OMP_NUM_THREADS") == "8");
 }
 
-TEST_CASE("--virtual-local-rank: LOCAL_RANK=0 and the worker's own entry of the GPU list",
+TEST_CASE("flag --virtual-local-rank: LOCAL_RANK=0 and the worker's own entry of the GPU list",
           "[unit][launch]") {
   auto c = config({"x.py"});
   c.virtual_local_rank = true;
@@ -126,7 +126,7 @@ TEST_CASE("--virtual-local-rank: LOCAL_RANK=0 and the worker's own entry of the 
   CHECK(env.at("CUDA_VISIBLE_DEVICES") == "4,5,6,7");
 }
 
-TEST_CASE("--virtual-local-rank: a non-empty HIP_VISIBLE_DEVICES wins and is written too",
+TEST_CASE("flag --virtual-local-rank: a non-empty HIP_VISIBLE_DEVICES wins and is written too",
           "[unit][launch]") {
   auto c = config({"x.py"});
   c.virtual_local_rank = true;
@@ -158,7 +158,7 @@ TEST_CASE("the checks before the rendezvous: a short GPU list, Slurm's flag outs
   CHECK(check_worker_env_options(c, 2, {{"SLURM_JOB_ID", "12"}}).empty());
 }
 
-TEST_CASE("--per-worker-slurm-env rewrites Slurm's task variables under Slurm only",
+TEST_CASE("flag --per-worker-slurm-env rewrites Slurm's task variables under Slurm only",
           "[unit][launch]") {
   auto c = config({"x.py"});
   const auto g = two_nodes_second();  // node 1 of 2, 4 workers each, ranks 4..7

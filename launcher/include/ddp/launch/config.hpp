@@ -74,7 +74,12 @@ struct LaunchConfig {
   // ddprun's own --per-worker-slurm-env: SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS
   // ... rewritten for each worker from its ranks (slurm_worker_env.hpp). Off, as in torchrun.
   bool per_worker_slurm_env = false;
-  bool master_port_given = false;  // --master-port (or PET_MASTER_PORT) was given
+  bool master_port_given = false;
+  // ddprun's own hang and straggler detection (hang_policy.hpp): seconds without progress
+  // before the stacks are taken (0: off), what to do then, and the straggler factor (0: off).
+  double hang_timeout_s = 600;
+  std::string on_hang = "report";  // report | dump | restart | stop
+  double straggler_factor = 3.0;   // --master-port (or PET_MASTER_PORT) was given
   std::string entrypoint;
   std::vector<std::string> args;
 

@@ -1,0 +1,77 @@
+// The values of torch 2.12-2.15's newer flags and ddprun's hang flags (see cli_values.hpp).
+// --logs-specs names a Python plugin ddprun cannot load: an error, as torchrun's for one it
+// cannot find.
+#include "cli_values.hpp"
+
+#include <cstdlib>
+
+#include "ddp/launch/limits.hpp"
+#include "ddp/proto/error.hpp"
+#include "ddp/proto/number.hpp"
+
+namespace ddp::launch {
+
+// torch 2.15's comma_separated_list: "a,b" -> {a, b}; ",," is a comma inside an item.
+std::vector<std::string> comma_separated_list(const std::string& text) {
+  std::vector<std::string> out(1);
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      out.back().push_back(text[i]);
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      out.back().push_back(',');
+      ++i;
+    } else {
+      out.emplace_back();
+    }
+  }
+  return out;
+}
+
+void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>& raw) {
+  if (raw.at("shutdown_timeout") != kUnset) {
+    c.shutdown_timeout_s = static_cast<int>(
+        parse_int(raw.at("shutdown_timeout"), "--shutdown-timeout", 0, kMaxSeconds));
+  }
+  const std::string& numa = raw.at("numa_binding");
+  if (!numa.empty() && numa != "node" && numa != "socket" && numa != "exclusive" &&
+      numa != "core-complex") {
+    throw ConfigError("--numa-binding: invalid choice '" + numa +
+                      "' (choose from node, socket, exclusive, core-complex)");
+  }
+  c.numa_binding = numa;
+  if (raw.at("duplicate_stdout_filters") != kUnset) {
+    c.duplicate_stdout_filters = comma_separated_list(raw.at("duplicate_stdout_filters"));
+  }
+  if (raw.at("duplicate_stderr_filters") != kUnset) {
+    c.duplicate_stderr_filters = comma_separated_list(raw.at("duplicate_stderr_filters"));
+  }
+  c.hang_timeout_s =
+      static_cast<double>(
+          parse_seconds(raw.at("hang_timeout"), "--hang-timeout", 0, kMaxSeconds).count()) /
+      1000.0;
+  c.on_hang = raw.at("on_hang");
+  if (c.on_hang != "report" && c.on_hang != "dump" && c.on_hang != "restart" &&
+      c.on_hang != "stop") {
+    throw ConfigError("--on-hang: invalid choice '" + c.on_hang +
+                      "' (choose from report, dump, restart, stop)");
+  }
+  const std::string& sf = raw.at("straggler_factor");
+  char* end = nullptr;
+  c.straggler_factor = std::strtod(sf.c_str(), &end);
+  if (sf.empty() || end != sf.c_str() + sf.size() || !(c.straggler_factor >= 0) ||
+      c.straggler_factor > 1000) {
+    throw ConfigError("--straggler-factor: '" + sf + "' is not a number in [0, 1000]");
+  }
+  if (c.straggler_factor > 0 && c.straggler_factor <= 1) {
+    throw ConfigError("--straggler-factor: " + raw.at("straggler_factor") +
+                      " must be above 1 (or 0: off)");
+  }
+  if (raw.at("logs_specs") != kUnset) {
+    throw ConfigError("--logs-specs: Could not find entrypoint under 'torchrun.logs_specs[" +
+                      raw.at("logs_specs") +
+                      "]' key (ddprun cannot load torchrun's Python LogsSpecs plugins; its own "
+                      "logs are set with --log-dir, --redirects, --tee and --local-ranks-filter)");
+  }
+}
+
+}  // namespace ddp::launch
