@@ -14,7 +14,7 @@ with_torch=0
 packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
           libboost-filesystem-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
           libgloo-dev libopenblas-dev zlib1g-dev libhwloc-dev dataset-fashion-mnist
-          clang libclang-rt-14-dev clang-format python3 python3-venv iproute2 util-linux)
+          clang libclang-rt-14-dev clang-format python3 python3-venv iproute2 util-linux elfutils)
 # The tests also start a real local Slurm cluster (tests/slurm, ../shared/infra/local_slurm.sh).
 [[ $with_torch == 1 ]] && packages+=(python3-torch python3-pytest slurmctld slurmd slurm-client munge)
 
@@ -40,11 +40,13 @@ if [[ $with_torch == 1 ]]; then
     mkdir -p "$(dirname "$venv")"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q "torch>=2.5" numpy pytest lightning
+    "$venv/bin/pip" install -q "torch>=2.5" numpy pytest lightning py-spy
   fi
   # Lightning (the Slurm tests' scripts) into a venv made before it was on the line above,
   # never moving its torch.
   "$venv/bin/python" -c "import lightning" 2>/dev/null || "$venv/bin/pip" install -q lightning \
     -c <("$venv/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
+  # py-spy (stacks of hung workers, issue 17) into a venv made before it was on the line above.
+  [[ -x "$venv/bin/py-spy" ]] || "$venv/bin/pip" install -q py-spy
   "$venv/bin/python" -c "import torch; print('setup: torch', torch.__version__, 'in $venv')"
 fi

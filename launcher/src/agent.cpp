@@ -247,8 +247,18 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   StoreRendezvous rounds({rdzv, store, sigfd, solo, rs.server != nullptr, rs.host, rs.port,
                           liveness.get(), lost_will, is_static || solo, workers.master_addr,
                           workers.bind});
-  LocalRound local({config, agent_env, process, logs, rdzv, grace, sigfd, passfd, chldfd,
-                    prefix_template, host, nproc, solo, rs.host, rs.port, clients.watcher});
+  // torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): served here, its FIFO named to the
+  // workers as torchrun does.
+  const auto timer = FileTimerServer::from_env(agent_env);
+  EnvMap workers_env = agent_env;
+  if (timer) workers_env["TORCHELASTIC_TIMER_FILE"] = timer->path();
+  HangSettings hang;
+  hang.timeout_s = config.hang_timeout_s;
+  hang.action = parse_on_hang(config.on_hang);
+  hang.straggler_factor = config.straggler_factor;
+  LocalRound local({config, workers_env, process, logs, rdzv, grace, sigfd, passfd, chldfd,
+                    prefix_template, host, nproc, solo, rs.host, rs.port, clients.watcher, hang,
+                    timer.get(), solo ? nullptr : &store});
   LifecycleConfig lc;
   lc.self = self;
   lc.run_id = config.rdzv_id;

@@ -135,6 +135,7 @@ std::string LocalRound::make_attempt(int restart_count) {
 }
 
 void LocalRound::open(const Round& round) {
+  round_ = round;
   if (!s_.solo) {
     watcher_ = std::make_unique<EventWatcher>(s_.store_host, s_.store_port,
                                               s_.rendezvous.event_key(round), s_.watcher_client);
@@ -151,8 +152,37 @@ SpawnResult LocalRound::start(const GroupInfo& group) {
   }
   workers_ = std::make_unique<WorkerGroup>(
       WorkerGroup::Options{s_.process.inherited_fds, s_.process.nofile_soft});
-  return spawn_workers({s_.config, group, s_.agent_env, s_.prefix_template, s_.host, s_.nproc},
-                       *pump_, *workers_, s_.sigfd);
+  if (s_.hang.enabled() || s_.timer) progress_ = std::make_unique<ProgressReader>();
+  SpawnPlan plan{s_.config, group, s_.agent_env, s_.prefix_template, s_.host, s_.nproc};
+  plan.progress = progress_.get();
+  SpawnResult result = spawn_workers(plan, *pump_, *workers_, s_.sigfd);
+  if (progress_ && result.error.empty() && !result.stop_signal) start_monitor(group);
+  return result;
+}
+
+void LocalRound::start_monitor(const GroupInfo& group) {
+  std::unique_ptr<HealthBus> bus =
+      s_.health_store && !s_.solo
+          ? store_health_bus(*s_.health_store, s_.rendezvous.event_key(round_) + "/health",
+                             round_.group_rank, round_.group_world_size)
+          : local_health_bus();
+  HangMonitor::Setup ms;
+  ms.settings = s_.hang;
+  ms.host = s_.host;
+  ms.group_rank = round_.group_rank;
+  ms.group_world_size = s_.health_store && !s_.solo ? round_.group_world_size : 1;
+  ms.report_dir = group.attempt_dir;
+  auto path = s_.agent_env.find("PATH");
+  ms.path_var = path == s_.agent_env.end() ? "" : path->second;
+  ms.timer = s_.timer;
+  monitor_ = std::make_unique<HangMonitor>(ms, std::move(bus), *progress_);
+  std::vector<MonitorWorker> watched;
+  const auto pids = workers_->pids();  // in local rank order (spawn_workers' order)
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    const int r = static_cast<int>(i);
+    watched.push_back({r, group.base_global_rank + r, pids[i]});
+  }
+  monitor_->started(watched, std::chrono::steady_clock::now());
 }
 
 void LocalRound::stop(int sig) {
@@ -186,12 +216,20 @@ Observation LocalRound::wait() {
   for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
   const auto outs = pump_->fds();
   for (int fd : outs) fds.push_back({fd, POLLIN, 0});
-  if (::poll(fds.data(), fds.size(), -1) < 0) {
+  const std::size_t mon_at = fds.size();
+  const auto mon = monitor_ ? monitor_->fds() : std::vector<int>{};
+  for (int fd : mon) fds.push_back({fd, POLLIN, 0});
+  const int timeout = monitor_ ? monitor_->timeout_ms(std::chrono::steady_clock::now()) : -1;
+  if (::poll(fds.data(), fds.size(), timeout) < 0) {
     if (errno == EINTR) return o;
     throw IoError(std::string("poll failed: ") + std::strerror(errno));
   }
-  for (std::size_t i = kFixed + pidfds.size(); i < fds.size(); ++i) {
+  for (std::size_t i = kFixed + pidfds.size(); i < mon_at; ++i) {
     if (fds[i].revents != 0) pump_->on_readable(fds[i].fd);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (std::size_t i = mon_at; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) monitor_->on_readable(fds[i].fd, now);
   }
   if (fds[3].revents != 0) {
     while (read_signal(s_.chldfd) != 0) {
@@ -217,6 +255,17 @@ Observation LocalRound::wait() {
     if (e.failed()) o.failed.push_back(e);
   }
   if (!o.failed.empty()) return o;
+  if (monitor_) {
+    if (auto a = monitor_->check(now)) {
+      HangReport h;
+      h.local_rank = a->local_rank;
+      h.rank = a->rank;
+      h.silent = std::chrono::milliseconds(static_cast<long>(a->silent_s * 1000));
+      h.stop_job = a->stop_job;
+      h.what = a->what;
+      o.hang = h;
+    }
+  }
   o.all_done = workers_->running() == 0;
   if (watcher_ && fds[1].revents != 0) {
     if (auto ev = watcher_->event()) {

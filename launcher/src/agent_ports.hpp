@@ -12,6 +12,9 @@
 #include <string>
 
 #include "ddp/launch/agent.hpp"
+#include "ddp/launch/file_timer.hpp"
+#include "ddp/launch/hang_monitor.hpp"
+#include "ddp/launch/progress.hpp"
 #include "ddp/launch/lifecycle.hpp"
 #include "ddp/launch/liveness.hpp"
 #include "ddp/launch/rendezvous.hpp"
@@ -81,6 +84,12 @@ class LocalRound final : public WorkerLauncher, public EventSource {
     std::string store_host;
     std::uint16_t store_port = 0;
     rdzv::ClientOptions watcher_client;  // store_clients(): the one place for timeouts
+    // Hang and straggler detection (hang_monitor.hpp): its settings, torch's file timer (the
+    // agent's, when enabled), and the rendezvous client the health bus uses from this thread
+    // (null: the in-memory bus of a one-node job).
+    HangSettings hang;
+    FileTimerServer* timer = nullptr;
+    rdzv::StoreClient* health_store = nullptr;
   };
   explicit LocalRound(Setup setup) : s_(std::move(setup)) {}
   ~LocalRound() override {
@@ -94,6 +103,8 @@ class LocalRound final : public WorkerLauncher, public EventSource {
   void finish() override;
   void remove_temporary_logs() override;
   void clear() override {
+    monitor_.reset();
+    progress_.reset();
     workers_.reset();
     pump_.reset();
   }
@@ -108,6 +119,10 @@ class LocalRound final : public WorkerLauncher, public EventSource {
   std::unique_ptr<EventWatcher> watcher_;
   std::unique_ptr<OutputPump> pump_;
   std::unique_ptr<WorkerGroup> workers_;
+  std::unique_ptr<ProgressReader> progress_;
+  std::unique_ptr<HangMonitor> monitor_;
+  Round round_;
+  void start_monitor(const GroupInfo& group);
 };
 
 }  // namespace ddp::launch

@@ -49,6 +49,7 @@ void observe(RoundFacts& f, const Observation& o, const GroupInfo& g, const std:
     f.failures.push_back(std::move(fl));
   }
   if (o.event) f.event = o.event;
+  if (o.hang) f.hang = o.hang;
   f.store_lost = f.store_lost || o.store_lost;
 }
 
@@ -76,18 +77,27 @@ void report(const Decision& d, const RoundFacts& f, const LifecycleConfig& c,
       note_worker_failures(c.entrypoint, f.failures);  // for $TORCHELASTIC_ERROR_FILE
       break;
     case Report::remote_failure:
-      std::fprintf(stderr, "ddprun: stopping: %s; no restarts left (--max-restarts=%d)\n",
-                   f.event->describe().c_str(), c.max_restarts);
+      if (f.event->final) {
+        std::fprintf(stderr, "ddprun: stopping: %s (--on-hang=stop)\n",
+                     f.event->describe().c_str());
+      } else {
+        std::fprintf(stderr, "ddprun: stopping: %s; no restarts left (--max-restarts=%d)\n",
+                     f.event->describe().c_str(), c.max_restarts);
+      }
       note_agent_error(f.event->describe());
       break;
     case Report::store_lost:
       std::fprintf(stderr, "ddprun: lost the rendezvous store at %s (%s); stopped the workers\n",
                    c.store_where.c_str(), store_error.c_str());
       break;
-    case Report::hang:
-      std::fprintf(stderr, "ddprun: local_rank %d stopped making progress; stopping the job\n",
-                   f.hang ? f.hang->local_rank : -1);
+    case Report::hang: {
+      const std::string what =
+          f.hang && !f.hang->what.empty() ? f.hang->what : "the job stopped making progress";
+      std::fprintf(stderr, "ddprun: hang: %s; stopping the job (exit code %d)\n", what.c_str(),
+                   kHangExitCode);
+      note_agent_error("hang: " + what);
       break;
+    }
     default: break;
   }
 }

@@ -30,6 +30,10 @@ Decision next_round(const RoundFacts& f, const RoundEvent& event) {
 
 // This node posted its own failure; f.event is the event that held (ours or an earlier one).
 Decision after_posting(const RoundFacts& f) {
+  if (f.failures.empty() && f.spawn_error.empty() && f.hang &&
+      (f.hang->stop_job || !f.restarts_left())) {
+    return make(Decision::Kind::stop_and_report, kHangExitCode, Report::hang, true);
+  }
   if (!f.restarts_left()) {
     if (!f.failures.empty()) {
       return make(Decision::Kind::stop_and_report, exit_code_for(f.failures), Report::local_summary,
@@ -61,7 +65,7 @@ Decision decide(const RoundFacts& f) {
   if (f.event) {
     const RoundEvent& ev = *f.event;
     if (ev.kind == RoundEvent::Kind::done) return make(Kind::succeed, 0, Report::none, true);
-    if (ev.kind == RoundEvent::Kind::failure && !f.restarts_left()) {
+    if (ev.kind == RoundEvent::Kind::failure && (!f.restarts_left() || ev.final)) {
       return make(Kind::stop_and_report, ev.exit_code != 0 ? ev.exit_code : 1,
                   Report::remote_failure, true);
     }
@@ -93,9 +97,10 @@ RoundEvent failure_event(RoundFacts& f, const std::string& host, int group_rank,
     ours.what = "its log directory or file could not be created";
   } else if (f.hang) {
     ours.local_rank = f.hang->local_rank;
-    ours.global_rank = base_global_rank + f.hang->local_rank;
-    ours.exit_code = 1;
-    ours.what = "it stopped making progress";
+    ours.global_rank = f.hang->rank >= 0 ? f.hang->rank : base_global_rank + f.hang->local_rank;
+    ours.exit_code = kHangExitCode;
+    ours.what = f.hang->what.empty() ? "it stopped making progress" : f.hang->what;
+    ours.final = f.hang->stop_job;
   }
   return ours;
 }

@@ -184,7 +184,8 @@ std::string encode(const RoundEvent& e) {
               {"exit_code", e.exit_code},
               {"signal", e.signal},
               {"pid", e.pid},
-              {"what", e.what}}
+              {"what", e.what},
+              {"final", e.final}}
       .dump();
 }
 
@@ -214,6 +215,11 @@ RoundEvent decode_event(std::string_view text) {
   e.signal = field<int>(j, "signal", w);
   e.pid = field<int>(j, "pid", w);
   e.what = field<std::string>(j, "what", w);
+  // Absent in events of agents from before --on-hang: not final.
+  if (auto it = j.find("final"); it != j.end()) {
+    if (!it->is_boolean()) throw ProtocolError("a round event's 'final' is not a boolean");
+    e.final = it->get<bool>();
+  }
   return e;
 }
 

@@ -52,14 +52,19 @@ SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& 
       const std::string rank_dir = RunLogDir::make_rank_dir(plan.group.attempt_dir, r);
       pump.attach(spec, r, expand_prefix(plan.prefix_template, pv),
                   plan.config.redirects.for_rank(r), plan.config.tee.for_rank(r), shown, rank_dir);
+      if (plan.progress) {
+        spec.keep_fd = plan.progress->open_rank(r, std::chrono::steady_clock::now());
+      }
     } catch (const IoError& e) {
       pump.after_start();
       result.error = e.what();
       result.rank = r;
       return result;
     }
+    if (plan.progress) spec.env["DDPRUN_PROGRESS_FD"] = std::to_string(spec.keep_fd);
     workers.spawn(spec);
     pump.after_start();  // the worker holds its ends now
+    if (plan.progress) plan.progress->after_start();
   }
   return result;
 }

@@ -22,6 +22,10 @@ constexpr Knob kKnobs[] = {
      "console prefix of worker lines"},
     {"TORCHELASTIC_ERROR_FILE", Kind::text, "", "ddprun",
      "where a failed ddprun writes its root cause (set by a scheduler or parent launcher)"},
+    {"TORCHELASTIC_ENABLE_FILE_TIMER", Kind::text, "", "ddprun",
+     "1: serve torch's elastic file timer (FileTimerClient) on a FIFO"},
+    {"TORCHELASTIC_TIMER_FILE", Kind::text, "", "ddprun",
+     "the file timer's FIFO path (default: a fresh $TMPDIR/watchdog_timer_<uuid4>)"},
     {"OMP_NUM_THREADS", Kind::text, "", "ddprun", "set to 1 for workers when unset and nproc > 1"},
     {"DDP_SHM_ALLREDUCE", Kind::flag01, "1", "ddp-train, ddp_allreduce_bench",
      "0: ranks on one host all-reduce through Gloo instead of shared memory"},
@@ -40,7 +44,8 @@ constexpr Knob kKnobs[] = {
     {"SLURMD_NODENAME", Kind::text, "", "ddprun", "this node's name in the step's node list"},
     {"SLURM_CONF", Kind::text, "/etc/slurm/slurm.conf", "ddprun",
      "where KillWait is read from under Slurm"},
-    {"TMPDIR", Kind::text, "/tmp", "ddprun", "where the temporary torchelastic_* log dir goes"},
+    {"TMPDIR", Kind::text, "/tmp", "ddprun",
+     "where the temporary torchelastic_* log dir and the file timer's FIFO go"},
     {"PATH", Kind::text, "", "ddprun", "where a bare program name is found, as exec finds it"},
     // torchrun's worker contract, read by ddp-train (and any worker); ddprun sets them.
     {"RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_NAME ROLE_RANK "
@@ -48,6 +53,8 @@ constexpr Knob kKnobs[] = {
      Kind::text, "", "ddp-train", "the worker contract (docs/launcher.md, \"Workers\")"},
     {"TORCHELASTIC_*", Kind::text, "", "ddp-train",
      "the worker contract: RESTART_COUNT, MAX_RESTARTS, RUN_ID, ERROR_FILE, USE_AGENT_STORE"},
+    {"DDPRUN_PROGRESS_FD", Kind::integer, "", "ddp-train",
+     "set by ddprun: the fd on which a worker writes one progress line per step"},
 };
 
 bool matches(const Knob& k, std::string_view name) {

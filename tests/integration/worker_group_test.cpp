@@ -1,10 +1,12 @@
 // WorkerGroup with real processes: exit codes and signals seen at once through pidfds, the
 // grace period before SIGKILL, whole process groups stopped, exec failures named, no worker
 // outliving a SIGKILLed agent, workers inheriting no fd but 0-2 and the agent's inherited ones,
-// and kill_tree reaching setsid'ed and double-forked descendants.
+// kill_tree reaching setsid'ed and double-forked descendants, and each worker of spawn_workers
+// writing to a progress pipe of its own (DDPRUN_PROGRESS_FD) that no sibling holds.
 #include "ddp/launch/worker_group.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <sys/prctl.h>
@@ -12,11 +14,13 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "ddp/launch/descendants.hpp"
+#include "ddp/launch/round_workers.hpp"
 #include "ddp/proto/error.hpp"
 
 using namespace ddp::launch;
@@ -230,4 +234,95 @@ TEST_CASE("kill_tree reaches forked, double-forked and setsid'ed descendants",
   std::remove((out + ".b").c_str());
   std::remove(out.c_str());
   ::rmdir(dir);
+}
+
+TEST_CASE("spawn_workers gives each worker its own progress pipe", "[integration][launch]") {
+  namespace fs = std::filesystem;
+  // fd number -> what it is ("pipe:[inode]", ...) for a process.
+  auto fd_links = [](pid_t pid) {
+    std::map<int, std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      auto target = fs::read_symlink(e.path(), ec);
+      if (!ec) out[std::stoi(e.path().filename().string())] = target.string();
+    }
+    return out;
+  };
+  auto env_of = [](pid_t pid, const std::string& name) {
+    std::stringstream all(read_file("/proc/" + std::to_string(pid) + "/environ"));
+    for (std::string kv; std::getline(all, kv, '\0');) {
+      if (kv.rfind(name + "=", 0) == 0) return kv.substr(name.size() + 1);
+    }
+    return std::string();
+  };
+  LaunchConfig config;
+  config.no_python = true;
+  config.entrypoint = "/bin/bash";  // dash's >&N takes one digit only
+  config.args = {"-c",
+                 "if [ \"$LOCAL_RANK\" = 0 ]; then echo step=3 >&$DDPRUN_PROGRESS_FD; fi; "
+                 "exec sleep 30"};
+  GroupInfo group;
+  group.local_world_size = group.world_size = group.role_world_size = 2;
+  const EnvMap agent_env{{"PATH", "/usr/bin:/bin"}};
+  int sig[2];
+  REQUIRE(::pipe2(sig, O_CLOEXEC) == 0);  // a stop signal that never comes
+  OutputPump pump;
+  ProgressReader progress;
+  WorkerGroup workers;
+  SpawnPlan plan{config, group, agent_env, "", "localhost", 2};
+  plan.progress = &progress;
+  const auto result = spawn_workers(plan, pump, workers, sig[0]);
+  REQUIRE(result.error.empty());
+  REQUIRE_FALSE(result.stop_signal);
+  REQUIRE(workers.pids().size() == 2);
+  REQUIRE(progress.fds().size() == 2);
+
+  // Rank 0's line reaches the reader.
+  for (int i = 0; i < 100 && progress.ranks().at(0).step != 3; ++i) {
+    std::vector<pollfd> p;
+    for (int fd : progress.fds()) p.push_back({fd, POLLIN, 0});
+    REQUIRE(::poll(p.data(), p.size(), 100) >= 0);
+    for (const auto& q : p) {
+      if (q.revents != 0) progress.on_readable(q.fd, std::chrono::steady_clock::now());
+    }
+  }
+  CHECK(progress.ranks().at(0).step == 3);
+  CHECK(progress.ranks().at(0).reported);
+  CHECK_FALSE(progress.ranks().at(1).reported);
+
+  // Each worker holds its own write end and not its sibling's; the agent holds read ends only.
+  const auto self = fd_links(::getpid());
+  std::string pipe_of[2];
+  std::map<int, std::string> links[2];
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = workers.pids()[static_cast<std::size_t>(r)];
+    const std::string fd = env_of(pid, "DDPRUN_PROGRESS_FD");
+    REQUIRE_FALSE(fd.empty());
+    links[r] = fd_links(pid);
+    REQUIRE(links[r].count(std::stoi(fd)) == 1);
+    pipe_of[r] = links[r].at(std::stoi(fd));
+    CHECK(pipe_of[r].rfind("pipe:[", 0) == 0);
+    CHECK(std::count_if(self.begin(), self.end(),
+                        [&](const auto& l) { return l.second == pipe_of[r]; }) == 1);
+  }
+  CHECK(pipe_of[0] != pipe_of[1]);
+  for (int r = 0; r < 2; ++r) {
+    INFO("local rank " << r << " fds");
+    for (const auto& [fd, target] : links[r]) CHECK(target != pipe_of[1 - r]);
+  }
+
+  // Once the workers are gone, the pipes end: nobody else holds a write end.
+  workers.stop(5s);
+  for (int i = 0; i < 100 && !progress.fds().empty(); ++i) {
+    std::vector<pollfd> p;
+    for (int fd : progress.fds()) p.push_back({fd, POLLIN, 0});
+    REQUIRE(::poll(p.data(), p.size(), 100) >= 0);
+    for (const auto& q : p) {
+      if (q.revents != 0) progress.on_readable(q.fd, std::chrono::steady_clock::now());
+    }
+  }
+  CHECK(progress.fds().empty());
+  CHECK(progress.ranks().at(0).step == 3);
+  ::close(sig[0]);
+  ::close(sig[1]);
 }

@@ -1,8 +1,17 @@
-// Reading and checking the worker environment (see env.hpp).
+// Reading and checking the worker environment (see env.hpp), and writing progress to the
+// descriptor it may name, DDPRUN_PROGRESS_FD (see progress.hpp).
 #include "ddp/worker/env.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <ctime>
 #include <optional>
+
+#include "ddp/worker/progress.hpp"
 
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/number.hpp"
@@ -91,6 +100,95 @@ WorkerEnv read_worker_env(const Env& env) {
   if (auto v = find(env, "TORCHELASTIC_USE_AGENT_STORE")) w.use_agent_store = *v == "True";
   if (auto v = find(env, "TORCHELASTIC_ERROR_FILE")) w.error_file = *v;
   return w;
+}
+
+// ------------------------------------------------------------------------------- progress
+
+namespace {
+
+char* put_int(char* p, char* end, std::int64_t v) { return std::to_chars(p, end, v).ptr; }
+
+}  // namespace
+
+std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view phase,
+                                 std::int64_t unix_us) {
+  char* const end = buf + kProgressLineMax - 1;  // room for the newline
+  constexpr std::string_view kStep = "step=", kPhase = " phase=", kT = " t=";
+  char* p = std::copy(kStep.begin(), kStep.end(), buf);
+  p = put_int(p, end, step);
+  if (!phase.empty()) {
+    p = std::copy(kPhase.begin(), kPhase.end(), p);
+    const auto n = std::min<std::size_t>(phase.size(), 32);
+    p = std::copy(phase.begin(), phase.begin() + static_cast<std::ptrdiff_t>(n), p);
+  }
+  if (unix_us >= 0) {
+    p = std::copy(kT.begin(), kT.end(), p);
+    p = put_int(p, end, unix_us / 1000000);
+    *p++ = '.';
+    const auto us = unix_us % 1000000;  // six digits, zero-padded
+    for (std::int64_t d = 100000; d > 0; d /= 10) *p++ = static_cast<char>('0' + (us / d) % 10);
+  }
+  *p++ = '\n';
+  return static_cast<std::size_t>(p - buf);
+}
+
+std::optional<int> parse_progress_fd(std::string_view text, std::string* why) {
+  try {
+    const auto fd = ddp::parse_int(text, "DDPRUN_PROGRESS_FD", 0, 1 << 30);
+    if (fd <= 2) {
+      *why = "DDPRUN_PROGRESS_FD=" + std::to_string(fd) +
+             " is a standard stream (0-2), not a progress pipe";
+      return std::nullopt;
+    }
+    return static_cast<int>(fd);
+  } catch (const ConfigError& e) {
+    *why = e.what();
+    return std::nullopt;
+  }
+}
+
+ProgressWriter ProgressWriter::open(int fd, std::string* why) {
+  ProgressWriter w;
+  const int flags = ::fcntl(fd, F_GETFL);
+  const std::string name = "DDPRUN_PROGRESS_FD=" + std::to_string(fd);
+  if (flags < 0) {
+    *why = name + " is not an open descriptor in this process";
+    return w;
+  }
+  if ((flags & O_ACCMODE) == O_RDONLY) {
+    *why = name + " is not open for writing";
+    return w;
+  }
+  // A blocking descriptor could stall training when the agent falls behind.
+  if ((flags & O_NONBLOCK) == 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    *why = name + ": cannot make it non-blocking";
+    return w;
+  }
+  w.fd_ = fd;
+  return w;
+}
+
+ProgressWriter ProgressWriter::from_env(const std::optional<std::string>& text, std::string* why) {
+  if (!text) return {};
+  const auto fd = parse_progress_fd(*text, why);
+  return fd ? open(*fd, why) : ProgressWriter{};
+}
+
+void ProgressWriter::report(std::int64_t step, std::string_view phase) noexcept {
+  if (fd_ < 0) return;
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  char line[kProgressLineMax];
+  const std::size_t n = format_progress_line(line, step, phase,
+                                             std::int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000);
+  const ssize_t r = ::write(fd_, line, n);
+  if (r == static_cast<ssize_t>(n)) {
+    ++written_;
+  } else if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
+    ++dropped_;  // the agent is behind: the next line carries the step again
+  } else {
+    fd_ = -1;  // EPIPE (the agent is gone), EBADF, or a short write: stop writing
+  }
 }
 
 }  // namespace ddp::worker

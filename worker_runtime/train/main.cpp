@@ -1,6 +1,7 @@
 // ddp-train: the built-in data-parallel trainer, one process per rank under ddprun or torchrun
 // (docs/ddp_train.md). Parses the command line, reads the worker environment, connects the
-// communicator through the job's store, and reports errors in torchrun's error-file format.
+// communicator through the job's store, reports each step to the agent (DDPRUN_PROGRESS_FD), and
+// reports errors in torchrun's error-file format.
 #include <cblas.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
@@ -19,6 +22,7 @@
 #include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
 #include "ddp/worker/error_file.hpp"
+#include "ddp/worker/progress.hpp"
 #include "trainer.hpp"
 
 extern char** environ;
@@ -40,6 +44,11 @@ void install_signals() {
   sigaction(SIGINT, &sa, nullptr);
   sa.sa_handler = on_save;
   sigaction(SIGUSR1, &sa, nullptr);
+  // As CPython does at start: a write to a pipe or socket whose reader is gone fails with EPIPE
+  // instead of killing the rank. The progress pipe's writer then stops (the agent is gone), and
+  // Gloo's writev to a vanished peer throws, which the trainer handles as a peer's failure.
+  sa.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &sa, nullptr);
 }
 
 std::map<std::string, std::string> environment() {
@@ -79,6 +88,7 @@ int main(int argc, char** argv) {
   int threads = default_threads(env);
   bool no_eval = false;
   bool shm_allreduce = true;
+  std::optional<std::string> progress_fd;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
   app.add_option("SAVE_EVERY", o.save_every, "write the snapshot every N epochs (0: never)")
@@ -115,6 +125,7 @@ int main(int argc, char** argv) {
     o.eval = !no_eval;
     if (auto fault = knobs::text("DDP_TRAIN_FAULT", &env)) o.fault = train::parse_fault(*fault);
     shm_allreduce = knobs::flag01("DDP_SHM_ALLREDUCE", &env);  // checked before any peer
+    progress_fd = knobs::text("DDPRUN_PROGRESS_FD", &env);
     if (threads < 1) throw ConfigError("--threads must be >= 1");
     train::apply_choices(
         words, [] { return kernels::cuda_built() && kernels::cuda_device_count() > 0; }, o);
@@ -127,6 +138,10 @@ int main(int argc, char** argv) {
   }
   openblas_set_num_threads(threads);
   install_signals();
+  // Progress is a side channel: a bad DDPRUN_PROGRESS_FD is told once and training goes on.
+  std::string why;
+  worker::ProgressWriter progress = worker::ProgressWriter::from_env(progress_fd, &why);
+  if (!why.empty()) std::cerr << "ddp-train: warning: " << why << "; no progress to the agent\n";
 
   worker::WorkerEnv wenv;
   std::string rank_tag = "ddp-train";
@@ -136,6 +151,7 @@ int main(int argc, char** argv) {
     ctx.save_request = &g_save_request;
     ctx.out = &std::cout;
     ctx.tty = ::isatty(STDOUT_FILENO) != 0;
+    ctx.progress = progress.on() ? &progress : nullptr;
     std::unique_ptr<worker::WorkerStore> store;
     std::unique_ptr<worker::Communicator> comm;
     std::unique_ptr<worker::Communicator> device_comm;

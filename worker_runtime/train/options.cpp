@@ -1,9 +1,15 @@
 // ddp-train's option parser (see options.hpp): each choice's names in one table, the words
-// turned into enums once, and the checks that name the option at fault.
+// turned into enums once, and the checks that name the option at fault; DDP_TRAIN_FAULT's
+// parser and its injected hang and slowness.
 #include "options.hpp"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ostream>
 #include <stdexcept>
+#include <thread>
 
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/number.hpp"
@@ -71,15 +77,60 @@ ModelKind parse_model(std::string_view name) {
 Fault parse_fault(const std::string& text) {
   Fault f;
   if (text.empty()) return f;
-  const auto colon = text.find(':');
+  const auto c1 = text.find(':');
+  const auto c2 = c1 == std::string::npos ? c1 : text.find(':', c1 + 1);
   try {
-    if (colon == std::string::npos) throw ConfigError("no colon");
-    f.rank = static_cast<int>(parse_int(text.substr(0, colon), "rank", 0, 1 << 24));
-    f.step = parse_int(text.substr(colon + 1), "step", 0, std::int64_t{1} << 62);
+    if (c1 == std::string::npos) throw ConfigError("no colon");
+    f.rank = static_cast<int>(parse_int(text.substr(0, c1), "rank", 0, 1 << 24));
+    f.step = parse_int(text.substr(c1 + 1, c2 == std::string::npos ? c2 : c2 - c1 - 1), "step", 0,
+                       std::int64_t{1} << 62);
+    if (c2 != std::string::npos) {
+      const std::string kind = text.substr(c2 + 1);
+      constexpr std::string_view kSlow = "slow=";
+      if (kind == "kill") {
+        f.kind = FaultKind::kill;
+      } else if (kind == "hang") {
+        f.kind = FaultKind::hang;
+      } else if (kind.starts_with(kSlow)) {
+        f.kind = FaultKind::slow;
+        const char* first = kind.c_str() + kSlow.size();
+        char* last = nullptr;
+        errno = 0;
+        f.factor = std::strtod(first, &last);
+        if (*first < '0' || *first > '9' || *last != '\0' || errno != 0 || !(f.factor > 1.0) ||
+            f.factor > 1000.0) {
+          throw ConfigError("bad factor");
+        }
+      } else {
+        throw ConfigError("bad kind");
+      }
+    }
   } catch (const ConfigError&) {
-    throw ConfigError("DDP_TRAIN_FAULT='" + text + "': expected RANK:STEP");
+    throw ConfigError("DDP_TRAIN_FAULT='" + text +
+                      "': expected RANK:STEP (kill), RANK:STEP:hang or RANK:STEP:slow=F with "
+                      "F in (1, 1000]");
   }
   return f;
+}
+
+void injected_hang_before_allreduce(std::ostream& out, int rank, std::int64_t step,
+                                    const std::atomic<int>* stop_signal) {
+  out << "ddp-train: DDP_TRAIN_FAULT: rank " << rank
+      << " hangs before the gradient all-reduce of step " << step << "\n"
+      << std::flush;
+  for (;;) {
+    const int sig = stop_signal != nullptr ? stop_signal->load() : 0;
+    if (sig != 0) {
+      std::fflush(nullptr);
+      std::_Exit(128 + sig);  // no snapshot, no destructors: the step never finished
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void injected_slow_step(std::chrono::steady_clock::duration compute, double factor) {
+  std::this_thread::sleep_for(
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(compute * (factor - 1.0)));
 }
 
 void apply_choices(const ChoiceWords& w, const std::function<bool()>& cuda_visible,

@@ -1,12 +1,15 @@
 // ddp-train's options, parsed once: main.cpp reads the command line (CLI11) into ChoiceWords and
 // the numbers, apply_choices() turns the words into enums, validate() checks the rest. Past this
 // file nothing compares option strings; to_string() names a choice for messages, the metrics
-// file and snapshots. DDP_TRAIN_FAULT ("RANK:STEP") is parsed here too (parse_fault).
+// file and snapshots. DDP_TRAIN_FAULT ("RANK:STEP[:hang|:slow=F]") is parsed here too.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,14 +37,33 @@ std::optional<OptimizerKind> optimizer_named(std::string_view name);
 // The same, throwing ConfigError "--model 'x': expected mlp, autoencoder or linear".
 ModelKind parse_model(std::string_view name);
 
-// DDP_TRAIN_FAULT: rank `rank` kills itself (SIGKILL) before global step `step`, in the first
-// attempt only. rank -1: no fault.
+// DDP_TRAIN_FAULT, for tests: what rank `rank` does at global step `step` (steps count from 0,
+// as the snapshot's global_step). rank -1: no fault.
+//   kill  ("RANK:STEP" or "RANK:STEP:kill"): SIGKILLs itself before the step; first attempt only.
+//   hang  ("RANK:STEP:hang"): sleeps forever in injected_hang_before_allreduce() (below)
+//         before the step's last micro-batch, whose backward starts the gradient all-reduce, so
+//         the other ranks wait inside it; first attempt only, so a restart recovers.
+//   slow  ("RANK:STEP:slow=F", F in (1, 1000]): from that step on, every attempt, the rank
+//         sleeps (F - 1) x its own measured compute time per step, so it computes F x slower.
+enum class FaultKind { kill, hang, slow };
 struct Fault {
   int rank = -1;
   std::int64_t step = -1;
+  FaultKind kind = FaultKind::kill;
+  double factor = 1.0;  // slow's F
 };
-// "" is no fault; else "RANK:STEP" or ConfigError naming DDP_TRAIN_FAULT.
+// "" is no fault; else one of the forms above or ConfigError naming DDP_TRAIN_FAULT.
 Fault parse_fault(const std::string& text);
+
+// DDP_TRAIN_FAULT's hang and slowness, as functions of their own (never inlined, external
+// linkage) so that a stack taken from the rank (eu-stack, gdb) names them.
+// Says so on `out`, then sleeps until a stop signal (SIGTERM/SIGINT) arrives and ends the
+// process at once with 128 + the signal, as a stuck process taking the signal's default action.
+[[noreturn, gnu::noinline]] void injected_hang_before_allreduce(
+    std::ostream& out, int rank, std::int64_t step, const std::atomic<int>* stop_signal);
+// Sleeps (factor - 1) x `compute`: a slow rank's added time.
+[[gnu::noinline]] void injected_slow_step(std::chrono::steady_clock::duration compute,
+                                          double factor);
 
 struct TrainOptions {
   int total_epochs = 0;

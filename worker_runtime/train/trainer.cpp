@@ -18,6 +18,7 @@
 #include "data.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
+#include "ddp/worker/progress.hpp"
 #include "engine.hpp"
 #include "model.hpp"
 #include "report.hpp"
@@ -93,6 +94,9 @@ class Run {
   void stop_on_signal();
   bool being_stopped() const;
   // Reporting.
+  void phase(const char* word, std::int64_t step) {
+    if (c_.progress != nullptr) c_.progress->report(step, word);
+  }
   void progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double loss, bool end);
   void report(double secs);
 
@@ -197,6 +201,7 @@ void Run::save(const Position& at, const char* why) {
       last_saved_->step == at.step) {
     return;
   }
+  phase("checkpoint", at.global_step);
   engine_->download();
   Snapshot s;
   s.header.model = to_string(o_.model);
@@ -320,7 +325,8 @@ bool Run::at_step_boundary() {
     return false;
   }
   if (c_.save_request != nullptr && c_.save_request->exchange(false)) save(pos_, "SIGUSR1");
-  if (c_.restart_count == 0 && o_.fault.rank == c_.rank && o_.fault.step == pos_.global_step) {
+  if (c_.restart_count == 0 && o_.fault.kind == FaultKind::kill && o_.fault.rank == c_.rank &&
+      o_.fault.step == pos_.global_step) {
     out() << "ddp-train: DDP_TRAIN_FAULT: rank " << c_.rank << " kills itself at step "
           << pos_.global_step << "\n"
           << std::flush;
@@ -330,20 +336,35 @@ bool Run::at_step_boundary() {
 }
 
 // One optimizer step over micro-batches [mb, group_end): forward and backward of each, then the
-// engine's step, where the all-reduce completes. Returns the summed loss, or nullopt when a peer
-// failed mid-step because the job is being stopped (this rank then stops too).
+// engine's step, where the all-reduce completes (the phases the agent is told), with
+// DDP_TRAIN_FAULT's hang and slowness. Returns the summed loss, or nullopt when a peer failed
+// mid-step because the job is being stopped (this rank then stops too).
 std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int64_t mb,
                                 std::int64_t group_end) {
   const auto B = static_cast<std::size_t>(o_.batch_size);
   const auto group = static_cast<std::size_t>(group_end - mb);
+  const std::int64_t n = pos_.global_step;
+  const bool faulty = o_.fault.rank == c_.rank;
+  phase("compute", n);
+  const auto computing = Clock::now();
   try {
     for (; mb < group_end; ++mb) {
+      const bool last = mb + 1 == group_end;  // its backward starts the all-reduce
+      if (last && faulty && o_.fault.kind == FaultKind::hang && o_.fault.step == n &&
+          c_.restart_count == 0) {
+        injected_hang_before_allreduce(out(), c_.rank, n, c_.stop_signal);
+      }
       const std::size_t rows = fill_batch(idx, static_cast<std::size_t>(mb) * B);
       const float scale = 1.0f / static_cast<float>(rows * group);
       const float* target = model_.spec().autoencoder ? xb_.data() : yb_.data();
-      engine_->micro_batch(xb_.data(), lb_.data(), target, rows, scale, mb + 1 == group_end);
+      engine_->micro_batch(xb_.data(), lb_.data(), target, rows, scale, last);
       samples_ += static_cast<std::int64_t>(rows) * c_.world;
     }
+    if (faulty && o_.fault.kind == FaultKind::slow && n >= o_.fault.step) {
+      if (n == o_.fault.step) out() << "ddp-train: DDP_TRAIN_FAULT: slow from step " << n << "\n";
+      injected_slow_step(Clock::now() - computing, o_.fault.factor);
+    }
+    phase("allreduce", n);
     return engine_->step();
   } catch (const Error& e) {
     if (!peer_failed(e)) throw;
@@ -418,7 +439,10 @@ void Run::report(double secs) {
   out() << "ddp-train: " << steps_this_run_ << " steps in " << std::fixed << std::setprecision(2)
         << secs << " s, " << std::setprecision(0) << m["samples_per_sec"].get<double>()
         << " samples/s, final loss " << std::setprecision(4) << last_loss_ << "\n";
-  if (o_.eval) evaluate(*engine_, test_, out(), m);
+  if (o_.eval) {
+    phase("eval", pos_.global_step);
+    evaluate(*engine_, test_, out(), m);
+  }
   out() << std::flush;
   if (!o_.metrics_json.empty()) {
     std::ofstream f(o_.metrics_json);

@@ -1,6 +1,7 @@
 // The training loop of ddp-train: data split as DistributedSampler does, forward, backward with
 // bucketed all-reduce, the optimizer step, snapshots (periodic, on signals, on a peer's failure),
-// resume, progress, evaluation and the metrics file. Options come parsed and checked
+// resume, progress (rank 0's lines; every rank's step and phase to the agent), evaluation and
+// the metrics file, and DDP_TRAIN_FAULT's injected faults. Options come parsed and checked
 // (options.hpp); the communicator comes connected (or null for one process).
 #pragma once
 
@@ -11,7 +12,8 @@
 
 namespace ddp::worker {
 class Communicator;
-}
+class ProgressWriter;
+}  // namespace ddp::worker
 
 namespace ddp::train {
 
@@ -26,6 +28,11 @@ struct TrainContext {
   std::atomic<bool>* save_request = nullptr;      // SIGUSR1
   std::ostream* out = nullptr;                    // rank 0's progress
   bool tty = false;                               // progress bar instead of lines
+  // DDPRUN_PROGRESS_FD, or null: each optimizer step writes "step=<n> phase=compute" before its
+  // forward and backward passes and "step=<n> phase=allreduce" before waiting for the gradient
+  // all-reduce; rank 0 also "phase=checkpoint" before a snapshot and "phase=eval" before the
+  // evaluation. n is the global step being taken, counted from 0 (DDP_TRAIN_FAULT's numbering).
+  worker::ProgressWriter* progress = nullptr;
 };
 
 // Returns the exit code: 0 when done, 128 + signal when stopped by one. Throws on errors.

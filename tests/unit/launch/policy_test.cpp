@@ -49,7 +49,13 @@ struct F {
     return *this;
   }
   F& spawn() { return f.spawn_error = "cannot create /logs/0", f.spawn_rank = 0, *this; }
-  F& hang() { return f.hang = HangReport{1, std::chrono::seconds(60)}, *this; }
+  F& hang() {
+    HangReport h;
+    h.local_rank = 1;
+    h.silent = std::chrono::seconds(60);
+    f.hang = h;
+    return *this;
+  }
   F& done() { return f.local_done = true, *this; }
   F& solo() { return f.solo = true, f.members = 1, f.max_nodes = 1, *this; }
   F& ev(RoundEvent::Kind k, int code = 0) { return f.event = event(k, code), *this; }
@@ -128,7 +134,7 @@ std::vector<Row> table() {
       {"posted spawn error, last", F().spawn().posted().ev(K::failure, 1).last().f,
        stop(1, Report::none, true)},
       {"posted hang, last", F().hang().posted().ev(K::failure, 1).last().f,
-       stop(1, Report::hang, true)},
+       stop(kHangExitCode, Report::hang, true)},
       // After posting with restarts left: the event that held decides.
       {"posted, ours held", F().fail(3).posted().ev(K::failure, 3).f,
        next(Kind::restart_all, 1, 3)},
@@ -287,6 +293,47 @@ TEST_CASE("the failure a node posts names its root cause", "[unit][launch]") {
 
   RoundFacts h = F().hang().f;
   const RoundEvent he = failure_event(h, "h", 0, 4);
-  CHECK(he.exit_code == 1);
+  CHECK(he.exit_code == kHangExitCode);
   CHECK(he.global_rank == 5);
+  CHECK(he.what == "it stopped making progress");
+  CHECK_FALSE(he.final);
+  // --on-hang=stop: the event ends the job on every node, restarts left or not.
+  RoundFacts stop = F().hang().f;
+  stop.hang->stop_job = true;
+  stop.hang->rank = 9;
+  stop.hang->what = "rank 9 (node n, local rank 1, pid 5) stopped making progress";
+  const RoundEvent se2 = failure_event(stop, "h", 0, 4);
+  CHECK(se2.final);
+  CHECK(se2.global_rank == 9);
+  CHECK(se2.what == stop.hang->what);
+  CHECK(decode_event(encode(se2)).final);
+}
+
+TEST_CASE("a final failure event stops every node even with restarts left", "[unit][launch]") {
+  RoundFacts f;
+  f.max_restarts = 3;
+  RoundEvent ev;
+  ev.kind = RoundEvent::Kind::failure;
+  ev.exit_code = kHangExitCode;
+  ev.final = true;
+  f.event = ev;
+  const Decision d = decide(f);
+  CHECK(d.kind == Decision::Kind::stop_and_report);
+  CHECK(d.exit_code == kHangExitCode);
+  CHECK(d.report == Report::remote_failure);
+  // The posting node with --on-hang=stop and restarts left stops too.
+  RoundFacts mine;
+  mine.max_restarts = 3;
+  mine.hang = HangReport{};
+  mine.hang->stop_job = true;
+  mine.posted = true;
+  mine.event = ev;
+  const Decision m = decide(mine);
+  CHECK(m.kind == Decision::Kind::stop_and_report);
+  CHECK(m.exit_code == kHangExitCode);
+  CHECK(m.report == Report::hang);
+  // An event without "final" (an older agent's) decodes as not final.
+  CHECK_FALSE(decode_event(R"({"kind":"failure","host":"h","group_rank":0,"global_rank":1,)"
+                           R"("local_rank":1,"exit_code":1,"signal":0,"pid":0,"what":"x"})")
+                  .final);
 }

@@ -1,9 +1,15 @@
 // ddp-train's pure pieces: IDX parsing, the sampler, every layer's gradient against finite
-// differences, the optimizers against torch's formulas, bucket plans, snapshot encoding.
+// differences, the optimizers against torch's formulas, bucket plans, snapshot encoding,
+// DDP_TRAIN_FAULT's forms, and the progress lines written to DDPRUN_PROGRESS_FD.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +22,7 @@
 #include "ddp/kernels/check.hpp"
 #include "ddp/kernels/cpu_ref.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/worker/progress.hpp"
 #include "model.hpp"
 #include "optimizer.hpp"
 #include "options.hpp"
@@ -403,4 +410,105 @@ TEST_CASE("check macros: the failed call, the library's error, what to do, [file
   // No hint: the message ends with the error and the place.
   CHECK(ddp::kernels::detail::check_message("f()", {"bad", nullptr}, "/a/b/x.cu", 7) ==
         "f() failed: bad [x.cu:7]");
+}
+
+TEST_CASE("DDP_TRAIN_FAULT: kill, hang and slow=F; anything else is named", "[unit][train]") {
+  const Fault kill = parse_fault("1:5");
+  CHECK((kill.rank == 1 && kill.step == 5 && kill.kind == FaultKind::kill));
+  CHECK(parse_fault("0:7:kill").kind == FaultKind::kill);
+  const Fault hang = parse_fault("3:0:hang");
+  CHECK((hang.rank == 3 && hang.step == 0 && hang.kind == FaultKind::hang));
+  const Fault slow = parse_fault("1:2:slow=3");
+  CHECK((slow.rank == 1 && slow.step == 2 && slow.kind == FaultKind::slow));
+  CHECK(slow.factor == 3.0);
+  CHECK(parse_fault("0:0:slow=1.5").factor == 1.5);
+  CHECK(parse_fault("").rank == -1);
+  for (const char* bad :
+       {"1", "1:x", "x:1", "1:5:", "1:5:hung", "1:5:hang:", "1:5:slow", "1:5:slow=", "1:5:slow=1",
+        "1:5:slow=0.5", "1:5:slow=x", "1:5:slow=3x", "1:5:slow= 3", "1:5:slow=nan", "1:5:slow=inf",
+        "1:5:slow=1001", "-1:5", "1:-5"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_fault(bad), "DDP_TRAIN_FAULT='" + std::string(bad) +
+                                            "': expected RANK:STEP (kill), RANK:STEP:hang or "
+                                            "RANK:STEP:slow=F with F in (1, 1000]");
+  }
+}
+
+TEST_CASE("progress lines: step, phase and the worker's clock, as the agent parses them",
+          "[unit][train]") {
+  using ddp::worker::format_progress_line;
+  char buf[ddp::worker::kProgressLineMax];
+  const auto line = [&](std::int64_t step, std::string_view phase, std::int64_t us) {
+    return std::string(buf, format_progress_line(buf, step, phase, us));
+  };
+  CHECK(line(12, "compute", 1700000000000042) == "step=12 phase=compute t=1700000000.000042\n");
+  CHECK(line(0, "allreduce", 999999) == "step=0 phase=allreduce t=0.999999\n");
+  CHECK(line(7, "", -1) == "step=7\n");
+  CHECK(line(7, "eval", -1) == "step=7 phase=eval\n");
+  CHECK(line(INT64_MAX, std::string(200, 'p'), INT64_MAX) ==
+        "step=9223372036854775807 phase=" + std::string(32, 'p') + " t=9223372036854.775807\n");
+  CHECK(line(INT64_MAX, std::string(200, 'p'), INT64_MAX).size() <= ddp::worker::kProgressLineMax);
+  std::string why;
+  CHECK(ddp::worker::parse_progress_fd("17", &why) == 17);
+  for (const char* bad : {"", "x", "3x", "-4", "2", "0"}) {
+    why.clear();
+    INFO(bad);
+    CHECK_FALSE(ddp::worker::parse_progress_fd(bad, &why).has_value());
+    CHECK_THAT(why, Catch::Contains("DDPRUN_PROGRESS_FD"));
+  }
+}
+
+TEST_CASE("progress writer: one line per report, never blocks, stops when the agent is gone",
+          "[unit][train]") {
+  using ddp::worker::ProgressWriter;
+  int p[2];
+  REQUIRE(::pipe(p) == 0);  // blocking, as a user's descriptor might be: the writer fixes that
+  std::string why;
+  ProgressWriter w = ProgressWriter::open(p[1], &why);
+  REQUIRE(w.on());
+  CHECK(why.empty());
+  CHECK((::fcntl(p[1], F_GETFL) & O_NONBLOCK) != 0);
+  w.report(3, "compute");
+  w.report(3, "allreduce");
+  char got[256];
+  const ssize_t n = ::read(p[0], got, sizeof got);
+  REQUIRE(n > 0);
+  const std::string text(got, static_cast<std::size_t>(n));
+  CHECK(text.rfind("step=3 phase=compute t=", 0) == 0);
+  CHECK(text.find("\nstep=3 phase=allreduce t=") != std::string::npos);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 2);
+  CHECK(w.written() == 2);
+  // A full pipe: lines are dropped, the call returns at once.
+  for (int i = 0; i < 100000 && w.dropped() == 0; ++i) w.report(i, "compute");
+  CHECK(w.dropped() == 1);
+  CHECK(w.on());
+  // The agent gone: EPIPE (SIGPIPE ignored, as ddp-train's main does) turns the writer off.
+  struct sigaction ign {
+  }, old{};
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ign, &old);
+  ::close(p[0]);
+  w.report(4, "compute");
+  ::sigaction(SIGPIPE, &old, nullptr);
+  CHECK_FALSE(w.on());
+  const auto written = w.written();
+  w.report(5, "compute");  // off: nothing, not even a failed write
+  CHECK(w.written() == written);
+  ::close(p[1]);
+  // Descriptors that cannot carry progress are refused with the reason.
+  why.clear();
+  CHECK_FALSE(ProgressWriter::open(p[1], &why).on());  // closed now
+  CHECK(why == "DDPRUN_PROGRESS_FD=" + std::to_string(p[1]) +
+                   " is not an open descriptor in this process");
+  REQUIRE(::pipe(p) == 0);
+  why.clear();
+  CHECK_FALSE(ProgressWriter::open(p[0], &why).on());  // a read end
+  CHECK(why == "DDPRUN_PROGRESS_FD=" + std::to_string(p[0]) + " is not open for writing");
+  ::close(p[0]);
+  ::close(p[1]);
+  why.clear();
+  CHECK_FALSE(ProgressWriter::from_env(std::nullopt, &why).on());
+  CHECK(why.empty());  // unset: off, nothing to warn about
+  CHECK_FALSE(ProgressWriter::from_env(std::string("nope"), &why).on());
+  CHECK_THAT(why, Catch::Contains("DDPRUN_PROGRESS_FD 'nope'"));
 }

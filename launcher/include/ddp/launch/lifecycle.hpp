@@ -68,6 +68,7 @@ struct Observation {
   std::optional<RoundEvent> event;
   bool store_lost = false;
   std::string store_error;
+  std::optional<HangReport> hang;  // this node's hang monitor asks to restart or stop
 };
 
 // What happens during a round (real: one poll over pidfds, signalfds, the event watcher and

@@ -21,12 +21,19 @@ enum class Formation {
   spare_not_needed,  // waited as a spare beyond MAX nodes, and the job finished
 };
 
-// A worker that stopped making progress. Reserved for a later issue: nothing reports one yet,
-// so RoundFacts::hang is always empty today; the policy treats it as a failure of this node.
+// The job stopped making progress (hang_monitor.hpp): the leader's agent reports it, with
+// --on-hang=restart (a failure of this node, counted against --max-restarts) or stop (the job
+// ends on every node with kHangExitCode, restarts left or not).
 struct HangReport {
-  int local_rank = -1;
+  int local_rank = -1;  // the suspect, when it runs on this node
+  int rank = -1;        // the suspect's global rank (-1: none named)
   std::chrono::milliseconds silent{0};
+  bool stop_job = false;
+  std::string what;  // "rank 1 (node a, local rank 1, pid 7) stopped making progress"
 };
+
+// ddprun's exit code for a job ended by a hang (--on-hang=stop, or restart with none left).
+inline constexpr int kHangExitCode = 124;
 
 // Everything the policy looks at, as plain data.
 struct RoundFacts {
@@ -41,7 +48,7 @@ struct RoundFacts {
   std::vector<Failure> failures;    // this node's failed workers, in the order seen
   std::string spawn_error;          // a log directory or file could not be created ...
   int spawn_rank = -1;              // ... for this local rank
-  std::optional<HangReport> hang;   // always empty today
+  std::optional<HangReport> hang;   // the leader's hang monitor found one to act on
   bool local_done = false;          // every local worker exited 0
   std::optional<RoundEvent> event;  // the round's event (posted by any node)
   bool posted = false;              // this node posted its failure; `event` is what held

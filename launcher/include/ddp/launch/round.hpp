@@ -63,10 +63,11 @@ struct RoundEvent {
   int group_rank = -1;   // its group rank
   int global_rank = -1;  // failure: the failed worker's rank
   int local_rank = -1;
-  int exit_code = 0;  // failure: ddprun's exit code for it (code, or 128 + signal)
-  int signal = 0;     // signal: the signal the agent received
-  int pid = 0;        // lost: the agent that stopped answering
-  std::string what;   // failure: "exitcode 3" / "Signal 9 (SIGKILL)"
+  int exit_code = 0;   // failure: ddprun's exit code for it (code, or 128 + signal)
+  int signal = 0;      // signal: the signal the agent received
+  int pid = 0;         // lost: the agent that stopped answering
+  std::string what;    // failure: "exitcode 3" / "Signal 9 (SIGKILL)"
+  bool final = false;  // failure: ends the job even with restarts left (--on-hang=stop)
 
   // One line for the other nodes' logs.
   std::string describe() const;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "ddp/launch/config.hpp"
+#include "ddp/launch/progress.hpp"
 #include "ddp/launch/worker_env.hpp"
 #include "ddp/launch/worker_group.hpp"
 #include "ddp/launch/worker_output.hpp"
@@ -24,6 +25,9 @@ struct SpawnPlan {
   std::string prefix_template;
   std::string host;
   int nproc = 1;
+  // When set, each worker gets a pipe of its own to report progress on, named by
+  // DDPRUN_PROGRESS_FD in its environment; `progress` keeps the read ends.
+  ProgressReader* progress = nullptr;
 };
 
 struct SpawnResult {

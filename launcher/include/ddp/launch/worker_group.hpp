@@ -27,6 +27,9 @@ struct WorkerSpec {
   // (MPOL_PREFERRED; -1: the default policy; a refusal is ignored, it is only a preference).
   std::vector<int> cpus{};
   int mem_node = -1;
+  // An fd of the agent (>= 3, normally close-on-exec) that this worker alone keeps open across
+  // exec, at the same number: its progress pipe (progress.hpp). -1: none.
+  int keep_fd = -1;
 };
 
 // The fds open in this process now (for main(), before it opens any: what ddprun inherited).

@@ -1,0 +1,89 @@
+// Progress from the workers, with no store traffic per step: each worker gets the write end of
+// a pipe of its own, named by DDPRUN_PROGRESS_FD, and writes one short line per step
+// ("step=<n> [phase=<word>] [t=<unix seconds>]", or just "<n>"); ddp-train does so natively.
+// The agent reads the lines in its event loop and keeps, per local rank, the last step, when
+// it last changed, and the recent step durations (for stragglers). Writers never block (the
+// pipe is non-blocking; a full pipe drops the line, and every line carries the absolute step).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::launch {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+struct ProgressLine {
+  std::int64_t step = 0;
+  std::string phase;        // "" when not given
+  std::optional<double> t;  // the worker's own clock, unix seconds
+};
+
+// One line without its newline. nullopt for a line that is not progress (ignored, counted).
+// A trailing '\r' and blanks around the line are ignored; keys other than step, phase and t are
+// ignored (room to grow); a step must be a non-negative 64-bit integer, t a finite number >= 0.
+std::optional<ProgressLine> parse_progress_line(std::string_view line);
+
+inline constexpr std::size_t kStepHistory = 16;  // step durations kept per rank
+// A longer line (without its newline) is dropped and counted as bad; lines of at most PIPE_BUF
+// bytes are written atomically, so a real progress line is far shorter.
+inline constexpr std::size_t kMaxProgressLine = 4096;
+
+struct RankProgress {
+  std::int64_t step = -1;  // -1: none reported yet
+  std::string phase;
+  bool reported = false;       // wrote at least one valid line
+  SteadyTime last_change{};    // spawn time, then the last step or phase change
+  std::vector<double> step_s;  // the last kStepHistory step durations, oldest first
+  std::uint64_t bad_lines = 0;
+  SteadyTime step_change{};  // the first report, then the last step change (durations start here)
+  // Step times, on the worker's clock (t=) when it gives one, else on arrival: a rank that
+  // reports phase "compute" is timed by that phase alone (under a synchronous all-reduce every
+  // rank finishes its steps at the slowest one's pace; only the compute phase tells them
+  // apart); a rank without phases by the interval between steps.
+  double clock_at = -1;  // the clock at `step_at`
+  std::int64_t step_at = -1;
+  double compute_from = -1;  // the clock where the current compute phase began (-1: none)
+  bool phased = false;       // reported phase "compute" at least once
+};
+
+// The per-worker pipes of one round.
+class ProgressReader {
+ public:
+  ProgressReader() = default;
+  ~ProgressReader();
+  ProgressReader(const ProgressReader&) = delete;
+  ProgressReader& operator=(const ProgressReader&) = delete;
+
+  // Makes local rank's pipe and returns its write end for the worker (O_NONBLOCK, O_CLOEXEC:
+  // WorkerGroup keeps it open across exec in that worker only). Throws ddp::IoError.
+  int open_rank(int local_rank, SteadyTime now);
+  // The agent's copies of the write ends are closed after the workers started.
+  void after_start();
+  std::vector<int> fds() const;  // read ends to poll
+  void on_readable(int fd, SteadyTime now);
+  // Progress by another channel (torch's file timer: an acquire or release).
+  void note_activity(int local_rank, SteadyTime now);
+  const std::map<int, RankProgress>& ranks() const { return ranks_; }
+
+  // Pure: applies one parsed line to a rank's state (exposed for tests).
+  static void apply(RankProgress& r, const ProgressLine& line, SteadyTime now);
+
+ private:
+  struct Pipe {
+    int local_rank = 0;
+    int read_fd = -1;
+    int write_fd = -1;
+    std::string pending;
+    bool overlong = false;  // dropping the rest of a line longer than kMaxProgressLine
+  };
+  std::map<int, Pipe> pipes_;  // by read fd
+  std::map<int, RankProgress> ranks_;
+};
+
+}  // namespace ddp::launch

@@ -1,0 +1,268 @@
+// See progress.hpp. The line parser is strict about the fields it knows (a step is digits only,
+// no sign, within int64) and ignores keys it does not know. The reader drains each pipe with
+// a bounded number of non-blocking reads per wake-up, assembles lines across reads (a line
+// longer than kMaxProgressLine is dropped and counted), and applies every line that carries the
+// worker's clock (t=) in order, so lines read together keep their own times; of lines without
+// t= read together only the last is applied: k steps that arrive together count as k steps
+// over the time since the previous step change, not as one long step and k-1 empty ones.
+#include "ddp/launch/progress.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::launch {
+namespace {
+
+constexpr std::size_t kMaxPhase = 64;     // a phase is a short word
+constexpr std::size_t kReadChunk = 4096;  // one read()
+constexpr int kReadsPerWakeup = 16;       // up to a default pipe's capacity per wake-up
+
+bool is_blank(char c) { return c == ' ' || c == '\t'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (is_blank(s.front()) || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (is_blank(s.back()) || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+// Digits only (no sign, no blanks), within int64.
+std::optional<std::int64_t> parse_step(std::string_view s) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_time(std::string_view s) {
+  if (s.empty() || s.front() == '+' || s.front() == '-') return std::nullopt;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+bool is_word(std::string_view s) {
+  if (s.empty() || s.size() > kMaxPhase) return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.' || c == ':' || c == '/';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<ProgressLine> parse_progress_line(std::string_view line) {
+  line = trim(line);
+  if (line.empty()) return std::nullopt;
+  ProgressLine out;
+  if (auto bare = parse_step(line)) {  // just "<n>"
+    out.step = *bare;
+    return out;
+  }
+  bool have_step = false, have_phase = false;
+  while (!line.empty()) {
+    const auto end = std::min(line.find(' '), line.find('\t'));
+    const std::string_view token = line.substr(0, end);
+    line = end == std::string_view::npos ? std::string_view() : trim(line.substr(end));
+    const auto eq = token.find('=');
+    if (eq == 0 || eq == std::string_view::npos) return std::nullopt;
+    const std::string_view key = token.substr(0, eq), value = token.substr(eq + 1);
+    if (key == "step") {
+      auto v = parse_step(value);
+      if (!v || have_step) return std::nullopt;
+      out.step = *v;
+      have_step = true;
+    } else if (key == "phase") {
+      if (!is_word(value) || have_phase) return std::nullopt;
+      out.phase = std::string(value);
+      have_phase = true;
+    } else if (key == "t") {
+      auto v = parse_time(value);
+      if (!v || out.t) return std::nullopt;
+      out.t = v;
+    }  // other keys: ignored
+  }
+  if (!have_step) return std::nullopt;
+  return out;
+}
+
+namespace {
+
+void record(RankProgress& r, double seconds) {
+  if (!(seconds >= 0)) return;  // a clock that went back
+  r.step_s.push_back(seconds);
+  if (r.step_s.size() > kStepHistory) {
+    r.step_s.erase(r.step_s.begin(),
+                   r.step_s.begin() + static_cast<std::ptrdiff_t>(r.step_s.size() - kStepHistory));
+  }
+}
+
+}  // namespace
+
+void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime now) {
+  r.reported = true;
+  const double clock =
+      line.t ? *line.t : std::chrono::duration<double>(now.time_since_epoch()).count();
+  const bool new_step = r.step < 0 || line.step != r.step;
+  // The compute phase ends with any other phase or step: its length is the step's own work.
+  if (r.compute_from >= 0 && r.phase == "compute" && (new_step || line.phase != "compute")) {
+    record(r, clock - r.compute_from);
+    r.compute_from = -1;
+  }
+  if (line.phase == "compute" && (new_step || r.phase != "compute")) {
+    r.phased = true;
+    r.compute_from = clock;
+  }
+  if (r.step < 0 || line.step < r.step) {  // the first step, or a counter that went back
+    r.step = line.step;
+    r.step_change = now;
+    r.last_change = now;
+    r.phase = line.phase;
+    r.clock_at = clock;
+    r.step_at = line.step;
+    return;
+  }
+  if (line.step > r.step) {
+    // Without phases: the interval per step. Lines read together without t= have one arrival
+    // time; their steps are timed together with the next interval that has a length.
+    if (!r.phased && clock > r.clock_at && r.step_at >= 0) {
+      record(r, (clock - r.clock_at) / static_cast<double>(line.step - r.step_at));
+      r.clock_at = clock;
+      r.step_at = line.step;
+    }
+    r.step = line.step;
+    r.step_change = now;
+    r.last_change = now;
+  }
+  if (line.phase != r.phase) {
+    r.phase = line.phase;
+    r.last_change = now;
+  }
+}
+
+ProgressReader::~ProgressReader() {
+  for (auto& [fd, p] : pipes_) {
+    ::close(p.read_fd);
+    if (p.write_fd >= 0) ::close(p.write_fd);
+  }
+}
+
+int ProgressReader::open_rank(int local_rank, SteadyTime now) {
+  for (auto it = pipes_.begin(); it != pipes_.end(); ++it) {  // opened again: drop the old one
+    if (it->second.local_rank != local_rank) continue;
+    ::close(it->second.read_fd);
+    if (it->second.write_fd >= 0) ::close(it->second.write_fd);
+    pipes_.erase(it);
+    break;
+  }
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw IoError("progress pipe for local rank " + std::to_string(local_rank) + ": " +
+                  std::strerror(errno));
+  }
+  Pipe pipe;
+  pipe.local_rank = local_rank;
+  pipe.read_fd = p[0];
+  pipe.write_fd = p[1];
+  pipes_[p[0]] = std::move(pipe);
+  RankProgress fresh;
+  fresh.last_change = now;
+  fresh.step_change = now;
+  ranks_[local_rank] = std::move(fresh);
+  return p[1];
+}
+
+void ProgressReader::after_start() {
+  for (auto& [fd, p] : pipes_) {
+    if (p.write_fd >= 0) ::close(p.write_fd);
+    p.write_fd = -1;
+  }
+}
+
+std::vector<int> ProgressReader::fds() const {
+  std::vector<int> out;
+  out.reserve(pipes_.size());
+  for (const auto& [fd, p] : pipes_) out.push_back(fd);
+  return out;
+}
+
+void ProgressReader::note_activity(int local_rank, SteadyTime now) {
+  RankProgress& r = ranks_[local_rank];
+  r.reported = true;
+  r.last_change = now;
+}
+
+void ProgressReader::on_readable(int fd, SteadyTime now) {
+  auto it = pipes_.find(fd);
+  if (it == pipes_.end()) return;
+  Pipe& p = it->second;
+  RankProgress& rank = ranks_[p.local_rank];
+  // Lines with the worker's clock (t=) are applied one by one; of those without, read together
+  // and so sharing one arrival time, the last one wins.
+  std::optional<ProgressLine> untimed;
+  auto take_line = [&](std::string_view text) {
+    if (trim(text).empty()) return;  // blank lines are not counted
+    if (auto line = parse_progress_line(text)) {
+      if (line->t) {
+        if (untimed) apply(rank, *std::exchange(untimed, std::nullopt), now);
+        apply(rank, *line, now);
+      } else {
+        untimed = std::move(line);
+      }
+    } else {
+      ++rank.bad_lines;
+    }
+  };
+  bool eof = false;
+  char buf[kReadChunk];
+  for (int reads = 0; reads < kReadsPerWakeup; ++reads) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) break;
+    if (n <= 0) {  // EOF (every holder of the write end is gone) or an error
+      eof = true;
+      break;
+    }
+    std::string_view chunk(buf, static_cast<std::size_t>(n));
+    while (!chunk.empty()) {
+      const auto nl = chunk.find('\n');
+      const std::string_view piece = chunk.substr(0, nl);
+      chunk = nl == std::string_view::npos ? std::string_view() : chunk.substr(nl + 1);
+      if (!p.overlong) {
+        p.pending.append(piece);
+        if (p.pending.size() > kMaxProgressLine) {  // dropped and counted once
+          ++rank.bad_lines;
+          p.pending.clear();
+          p.overlong = true;
+        }
+      }
+      if (nl == std::string_view::npos) break;  // the line goes on in a later read
+      if (!p.overlong) take_line(p.pending);
+      p.pending.clear();
+      p.overlong = false;
+    }
+    if (static_cast<std::size_t>(n) < sizeof(buf)) break;  // drained
+  }
+  if (eof && !p.overlong) take_line(p.pending);  // a last line without its newline
+  if (untimed) apply(rank, *untimed, now);
+  if (eof) {
+    ::close(p.read_fd);
+    if (p.write_fd >= 0) ::close(p.write_fd);
+    pipes_.erase(it);
+  }
+}
+
+}  // namespace ddp::launch

@@ -1,0 +1,55 @@
+// A worker's progress to its agent: ddprun hands each worker the write end of a non-blocking
+// pipe and names it in DDPRUN_PROGRESS_FD (the line protocol is the agent's,
+// launcher/include/ddp/launch/progress.hpp). ProgressWriter writes one short line per call,
+// "step=<n> phase=<word> t=<unix seconds>\n", with one write(2) and no allocation. It never
+// blocks and never throws: a full pipe drops the line (the next one carries the absolute step
+// again), and a pipe whose reader is gone (EPIPE) or a descriptor closed under it turns the
+// writer off. SIGPIPE: a write after the agent closed its end raises it, so the process must
+// ignore SIGPIPE (ddp-train's main does, as CPython does at start) to get EPIPE instead.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ddp::worker {
+
+// A line is at most this long (well under PIPE_BUF, so a write of it is atomic).
+inline constexpr std::size_t kProgressLineMax = 96;
+
+// Pure: "step=<step>[ phase=<phase>][ t=<s>.<us>]\n" into buf (kProgressLineMax bytes); returns
+// its length. An empty phase or a negative unix_us leaves that part out; a phase longer than 32
+// characters is cut there.
+std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view phase,
+                                 std::int64_t unix_us);
+
+// Pure: DDPRUN_PROGRESS_FD's text as a descriptor number (3 and up: 0-2 are the standard
+// streams), or nullopt with `why` naming the variable and what is wrong.
+std::optional<int> parse_progress_fd(std::string_view text, std::string* why);
+
+class ProgressWriter {
+ public:
+  ProgressWriter() = default;  // off: report() does nothing
+
+  // Writes to `fd` (not owned, never closed) when it is open for writing; sets O_NONBLOCK on
+  // it when missing. Otherwise the writer is off and `why` says why.
+  static ProgressWriter open(int fd, std::string* why);
+  // From DDPRUN_PROGRESS_FD's value: nullopt (unset) is off with no reason; a bad value is off
+  // with `why` set ("DDPRUN_PROGRESS_FD='x' ..."), which the caller prints once as a warning.
+  static ProgressWriter from_env(const std::optional<std::string>& text, std::string* why);
+
+  bool on() const { return fd_ >= 0; }
+  // One line, stamped with CLOCK_REALTIME: one write(2). Never blocks, never throws.
+  void report(std::int64_t step, std::string_view phase) noexcept;
+  std::uint64_t written() const { return written_; }
+  std::uint64_t dropped() const { return dropped_; }  // the pipe was full
+
+ private:
+  int fd_ = -1;
+  std::uint64_t written_ = 0;
+  std::uint64_t dropped_ = 0;
+};
+
+}  // namespace ddp::worker
