@@ -134,6 +134,7 @@ int HangMonitor::timeout_ms(SteadyTime now) const {
 // torch's expiry: the signal goes to the pid that asked for the timer (only one of ours).
 void HangMonitor::expire_timers() {
   if (!s_.timer) return;
+  s_.timer->forget_dead_pids();  // as torch's watchdog does on every pass
   for (const TimerRequest& r : s_.timer->take_expired(unix_now())) {
     if (!is_ours(r.pid)) {
       std::fprintf(stderr,

@@ -30,7 +30,8 @@ constexpr Knob kKnobs[] = {
     {"DDP_SHM_ALLREDUCE", Kind::flag01, "1", "ddp-train, ddp_allreduce_bench",
      "0: ranks on one host all-reduce through Gloo instead of shared memory"},
     {"DDP_TRAIN_FAULT", Kind::text, "", "ddp-train",
-     "tests only: RANK:STEP makes that rank SIGKILL itself at that step"},
+     "tests only: RANK:STEP[:kill|:hang|:slow=F] (SIGKILL, block before the all-reduce, or F "
+     "times slower) at that step"},
     {"GLOO_SOCKET_IFNAME", Kind::text, "", "ddp-train", "the interface Gloo binds"},
     {"CUDA_VISIBLE_DEVICES", Kind::text, "", "ddprun, ddp-train",
      "the GPUs a worker may use; counted by --nproc-per-node=gpu/auto"},

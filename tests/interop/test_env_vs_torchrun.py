@@ -36,6 +36,10 @@ CASES = {
 # need not set them (nor is it wrong if it does); they are left out of the name comparison.
 TORCHRUN_INTERNAL = set()  # none left: TORCHELASTIC_SIGNALS_TO_HANDLE is exported too
 
+# ddprun's own additions, for features torchrun does not have (docs/env_vars.md): a worker may
+# use them; nothing of torchrun's contract changes. Only these may be added, none removed.
+DDPRUN_OWN = {"DDPRUN_PROGRESS_FD"}  # the progress pipe (docs/hangs.md)
+
 # Equal under both launchers, rank for rank (absent in both counts as equal: e.g.
 # OMP_NUM_THREADS is only set when nproc-per-node > 1).
 SAME_VALUE = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -88,7 +92,7 @@ def envs(request, tmp_path_factory):
 
 
 def added_names(launcher_env, worker_env):
-    return set(worker_env) - set(launcher_env) - TORCHRUN_INTERNAL
+    return set(worker_env) - set(launcher_env) - TORCHRUN_INTERNAL - DDPRUN_OWN
 
 
 def removed_names(launcher_env, worker_env):
@@ -105,6 +109,7 @@ def test_same_names_added(envs):
             f"rank {rank}: only torchrun adds {sorted(t_added - d_added)}, "
             f"only ddprun adds {sorted(d_added - t_added)}")
         assert removed_names(t_env, t_workers[rank]) == removed_names(d_env, d_workers[rank])
+        assert DDPRUN_OWN <= set(d_workers[rank]), "ddprun's own additions went missing"
 
 
 @pytest.mark.parametrize("name", SAME_VALUE)
