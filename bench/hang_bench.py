@@ -69,6 +69,8 @@ GLOO = textwrap.dedent("""
 def env_with(**kw):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     e.pop("OMP_NUM_THREADS", None)
+    # py-spy lives beside the venv's python
+    e["PATH"] = os.path.dirname(sys.executable) + ":" + e.get("PATH", "/usr/bin:/bin")
     e.update({k: str(v) for k, v in kw.items()})
     return e
 
@@ -136,15 +138,18 @@ def time_to_report(bin_dir, nodes, nproc, timeout_s, work):
             "beyond_timeout_s": round(when - start - timeout_s, 3), "named_right_rank": named}
 
 
-def overhead(bin_dir, reps, steps):
+def overhead(bin_dir, reps, steps, work):
     train = os.path.join(bin_dir, "ddp-train")
+    snap = os.path.join(work, "overhead.ddp")
     args = ["--data", FMNIST, "--train-subset", "2048", "--threads", "1", "--batch-size", "64",
-            "--max-steps", str(steps), "--no-eval", "--snapshot", os.devnull, "200", "0"]
+            "--max-steps", str(steps), "--no-eval", "--snapshot", snap, "200", "0"]
     modes = {"off": ["--hang-timeout=0", "--straggler-factor=0"], "defaults": [],
              "hang-timeout=2": ["--hang-timeout=2"]}
     times = {m: [] for m in modes}
     for _ in range(reps):
         for m, flags in modes.items():  # interleaved: drift hits every mode alike
+            if os.path.exists(snap):
+                os.unlink(snap)  # each run starts fresh, not from the last one's snapshot
             t0 = time.perf_counter()
             p = subprocess.run([os.path.join(bin_dir, "ddprun"), "--standalone",
                                 "--nproc-per-node=2", *flags, "--no-python", train, *args],
@@ -229,7 +234,7 @@ def main():
     res = {"time_to_report": [time_to_report(a.bin, 2, 2, 2, work)]}
     if not a.quick:
         res["time_to_report"].append(time_to_report(a.bin, 64, 1, 2, work))
-    res["overhead"] = overhead(a.bin, 2 if a.quick else 5, 3000)
+    res["overhead"] = overhead(a.bin, 2 if a.quick else 5, 3000, work)
     res["same_fault"] = same_fault(a.bin, work)
     print(json.dumps(res, indent=2))
 

@@ -25,6 +25,9 @@ using std::chrono::milliseconds;
 
 double seconds(SteadyTime::duration d) { return duration<double>(d).count(); }
 
+// A rank without a progress channel counts as working while it takes this share of a core.
+constexpr double kBusyCpu = 0.05;
+
 double unix_now() {
   return duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -176,9 +179,11 @@ NodeSummary HangMonitor::summarize(SteadyTime now) {
       continue;
     }
     const std::uint64_t delta = p->cpu_ticks >= x.cpu_ticks ? p->cpu_ticks - x.cpu_ticks : 0;
-    if (delta > 0) x.cpu_moved = now;
     x.cpu_ticks = p->cpu_ticks;
     x.cpu_frac = static_cast<double>(delta) / hz / elapsed;
+    // Busy, not just awake: a waiting rank's helper threads (gloo's event loop) take a tick now
+    // and then; a rank that computes takes most of a core.
+    if (x.cpu_frac >= kBusyCpu || p->state == 'R') x.cpu_moved = now;
     x.state = p->state;
     RankHealth h;
     h.rank = x.w.rank;
@@ -284,10 +289,18 @@ std::optional<HangAction> HangMonitor::lead(SteadyTime now) {
   }
   if (!armed_ || s_.settings.timeout_s <= 0) return std::nullopt;
   armed_ = false;
-  stalled_ = v.stalled;
+  // Ranks whose own progress channel went silent: when only some did, they are the suspects
+  // (merge_stacks puts them first). Idleness seen in /proc alone says less: a rank waiting in
+  // a collective goes idle as soon as the one it waits for, or sooner.
+  stalled_.clear();
   trigger_silent_s_ = 0;
   for (const auto& n : nodes) {
-    for (const auto& h : n.ranks) trigger_silent_s_ = std::max(trigger_silent_s_, h.idle_s);
+    for (const auto& h : n.ranks) {
+      trigger_silent_s_ = std::max(trigger_silent_s_, h.idle_s);
+      if (h.reports && std::find(v.stalled.begin(), v.stalled.end(), h.rank) != v.stalled.end()) {
+        stalled_.push_back(h.rank);
+      }
+    }
   }
   epoch_ = std::max(epoch_, answered_) + 1;
   trigger_time_ = now;
@@ -324,6 +337,9 @@ std::optional<HangAction> HangMonitor::finish_report(
   }
   std::sort(f.ranks.begin(), f.ranks.end(),
             [](const RankStack& a, const RankStack& b) { return a.rank < b.rank; });
+  for (auto& r : f.ranks) {
+    r.stalled = std::find(stalled_.begin(), stalled_.end(), r.rank) != stalled_.end();
+  }
   f.groups = merge_stacks(f.ranks);
   std::fputs(format_hang(f).c_str(), stderr);
   error_message_ = hang_error_message(f);

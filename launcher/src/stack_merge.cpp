@@ -115,7 +115,9 @@ std::vector<std::string> stack_signature(const std::vector<Frame>& innermost_fir
   for (auto it = innermost_first.rbegin(); it != innermost_first.rend(); ++it) {
     const std::string& f = it->function;
     if (f.empty() || f == "??" || address_only(f)) continue;  // says nothing about the call
-    sig.push_back(f);
+    // A Python frame's line tells two places in one function apart (a rank asleep on line 9,
+    // the others on line 11); native frames are grouped by function alone, as STAT does.
+    sig.push_back(!it->file.empty() && it->line > 0 ? f + ":" + std::to_string(it->line) : f);
   }
   return sig;
 }
@@ -173,13 +175,19 @@ bool is_collective_frame(const std::string& function) {
 }
 
 std::vector<StackGroup> merge_stacks(const std::vector<RankStack>& ranks) {
-  // Key: (no stack taken, signature). Ranks without a stack form one group of their own.
-  // Value: the group, and whether every rank of it reports a collective phase.
-  std::map<std::pair<bool, std::vector<std::string>>, std::pair<StackGroup, bool>> by_sig;
+  // When only some ranks stalled, stalled and progressing ranks never share a group, even in
+  // the same stack (a loop that sleeps between steps looks alike in both).
+  const bool some = std::any_of(ranks.begin(), ranks.end(), [](auto& r) { return r.stalled; });
+  const bool all = std::all_of(ranks.begin(), ranks.end(), [](auto& r) { return r.stalled; });
+  const bool partial = some && !all;
+  // Key: (no stack taken, stalled while others are not, signature). Ranks without a stack form
+  // one group of their own. Value: the group, and whether every rank of it reports a
+  // collective phase.
+  std::map<std::tuple<bool, bool, std::vector<std::string>>, std::pair<StackGroup, bool>> by_sig;
   for (const auto& r : ranks) {
     auto sig = stack_signature(main_frames(r.stacks));
     const bool missing = sig.empty();
-    auto [it, fresh] = by_sig.try_emplace({missing, sig});
+    auto [it, fresh] = by_sig.try_emplace({missing, partial && r.stalled, sig});
     auto& [g, phases] = it->second;
     if (fresh) {
       g.signature = sig;
@@ -188,6 +196,7 @@ std::vector<StackGroup> merge_stacks(const std::vector<RankStack>& ranks) {
     }
     phases = phases && is_collective_frame(r.phase);
     g.ranks.push_back(r.rank);
+    g.stalled = g.stalled || r.stalled;
     if (r.step >= 0 && (g.min_step < 0 || r.step < g.min_step)) g.min_step = r.step;
   }
   std::vector<StackGroup> out;
@@ -200,12 +209,14 @@ std::vector<StackGroup> merge_stacks(const std::vector<RankStack>& ranks) {
     g.in_collective = g.in_collective || (phases && !g.signature.empty());
     out.push_back(std::move(g));
   }
-  // Smallest first; then a group outside any collective (the others wait for it); then the
+  // When only some ranks stalled, their groups first (the others still make progress). Then
+  // smallest first; then a group outside any collective (the others wait for it); then the
   // least progress; then the lowest rank. A group without a stack says nothing: last.
-  std::sort(out.begin(), out.end(), [](const StackGroup& a, const StackGroup& b) {
-    auto key = [](const StackGroup& g) {
-      return std::make_tuple(g.signature.empty(), g.ranks.size(), g.in_collective,
-                             step_key(g.min_step), g.ranks.empty() ? 0 : g.ranks.front());
+  std::sort(out.begin(), out.end(), [partial](const StackGroup& a, const StackGroup& b) {
+    auto key = [partial](const StackGroup& g) {
+      return std::make_tuple(g.signature.empty(), partial && !g.stalled, g.ranks.size(),
+                             g.in_collective, step_key(g.min_step),
+                             g.ranks.empty() ? 0 : g.ranks.front());
     };
     return key(a) < key(b);
   });

@@ -145,7 +145,9 @@ TEST_CASE("hang_json: groups, suspect, every rank's stacks", "[launch][hang_repo
   REQUIRE(j["groups"].size() == 3);
   CHECK(j["groups"][1]["ranks_text"] == "0,2");
   CHECK(j["groups"][1]["in_collective"] == true);
-  CHECK(j["groups"][0]["signature"] == nlohmann::json::array({"<module>", "train_step"}));
+  REQUIRE(j["groups"][0]["signature"].size() == 2);
+  CHECK(j["groups"][0]["signature"][0].get<std::string>().rfind("<module>", 0) == 0);
+  CHECK(j["groups"][0]["signature"][1].get<std::string>().rfind("train_step", 0) == 0);
   CHECK(j["groups"][2]["has_stack"] == false);
   REQUIRE(j["ranks"].size() == 4);
   CHECK(j["ranks"][1]["node"] == "n0");

@@ -23,6 +23,7 @@ struct RankStack {
   std::int64_t step = -1;
   std::string phase;
   ProcessStacks stacks;
+  bool stalled = false;  // the leader's verdict: no progress for the timeout (not sent)
 };
 
 struct StackGroup {
@@ -30,6 +31,7 @@ struct StackGroup {
   std::vector<std::string> signature;  // function names, outermost first
   bool in_collective = false;
   std::int64_t min_step = -1;
+  bool stalled = false;  // holds a stalled rank
 };
 
 // The function names a frame list is grouped by, outermost first (addresses and line numbers
