@@ -1,7 +1,7 @@
 """Hang detection, measured side by side in one run (issue 17; results in docs/perf.md):
   1. time from an injected hang to ddprun's report, minus --hang-timeout: 2 agents x 2 workers,
      and 64 agents x 1 worker (simulated nodes, processes on loopback);
-  2. overhead at steady state: ddp-train's wall time with detection off, at its defaults
+  2. overhead at steady state: ddp-train's samples/s with detection off, at its defaults
      (--hang-timeout=600: a check a second) and at --hang-timeout=2 (a check every 250 ms);
   3. the same fault (an unmodified gloo script whose rank 1 sleeps before all_reduce) under
      ddprun, torchrun 2.15 (with and without a 20 s process-group timeout) and, when it can be
@@ -139,27 +139,30 @@ def time_to_report(bin_dir, nodes, nproc, timeout_s, work):
 
 
 def overhead(bin_dir, reps, steps, work):
+    """ddp-train's own samples/s (its progress lines, so startup is left out), 2 ranks, with
+    detection off, at its defaults and at --hang-timeout=2; modes interleaved per rep."""
     train = os.path.join(bin_dir, "ddp-train")
     snap = os.path.join(work, "overhead.ddp")
     args = ["--data", FMNIST, "--train-subset", "2048", "--threads", "1", "--batch-size", "64",
             "--max-steps", str(steps), "--no-eval", "--snapshot", snap, "200", "0"]
     modes = {"off": ["--hang-timeout=0", "--straggler-factor=0"], "defaults": [],
              "hang-timeout=2": ["--hang-timeout=2"]}
-    times = {m: [] for m in modes}
+    rates = {m: [] for m in modes}
     for _ in range(reps):
         for m, flags in modes.items():  # interleaved: drift hits every mode alike
             if os.path.exists(snap):
                 os.unlink(snap)  # each run starts fresh, not from the last one's snapshot
-            t0 = time.perf_counter()
             p = subprocess.run([os.path.join(bin_dir, "ddprun"), "--standalone",
                                 "--nproc-per-node=2", *flags, "--no-python", train, *args],
                                capture_output=True, text=True, env=env_with(), timeout=600)
             if p.returncode != 0:
                 raise SystemExit(f"ddp-train failed ({m}):\n{p.stderr[-2000:]}")
-            times[m].append(time.perf_counter() - t0)
-    base = statistics.median(times["off"])
-    return {m: {"median_s": round(statistics.median(v), 3),
-                "ratio_to_off": round(statistics.median(v) / base, 4)} for m, v in times.items()}
+            seen = [float(x) for x in re.findall(r"samples/s (\d+)", p.stdout + p.stderr)]
+            rates[m].append(statistics.median(seen[1:] or seen))  # the first includes warm-up
+    base = statistics.median(rates["off"])
+    return {m: {"samples_per_s": round(statistics.median(v)),
+                "step_time_ratio_to_off": round(base / statistics.median(v), 4),
+                "reps": [round(x) for x in v]} for m, v in rates.items()}
 
 
 def nvrx_path():
@@ -234,7 +237,7 @@ def main():
     res = {"time_to_report": [time_to_report(a.bin, 2, 2, 2, work)]}
     if not a.quick:
         res["time_to_report"].append(time_to_report(a.bin, 64, 1, 2, work))
-    res["overhead"] = overhead(a.bin, 2 if a.quick else 5, 3000, work)
+    res["overhead"] = overhead(a.bin, 2 if a.quick else 9, 3000, work)
     res["same_fault"] = same_fault(a.bin, work)
     print(json.dumps(res, indent=2))
 

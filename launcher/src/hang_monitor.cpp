@@ -90,8 +90,10 @@ void HangMonitor::started(const std::vector<MonitorWorker>& workers, SteadyTime 
   next_check_ = now + interval_;
 }
 
+// Only torch's timer FIFO is polled: its requests are few, and a release must be read before
+// its timer expires. The progress pipes are drained at each check instead.
 std::vector<int> HangMonitor::fds() const {
-  std::vector<int> out = progress_.fds();
+  std::vector<int> out;
   if (s_.timer) out.push_back(s_.timer->fd());
   return out;
 }
@@ -239,6 +241,7 @@ std::optional<HangAction> HangMonitor::check(SteadyTime now) {
   expire_timers();
   if (now < next_check_ || !s_.settings.enabled()) return std::nullopt;
   next_check_ = now + interval_;
+  for (int fd : progress_.fds()) progress_.on_readable(fd, now);
   if (broken_) return std::nullopt;
   try {
     bus_->publish(summarize(now));

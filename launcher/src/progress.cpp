@@ -22,8 +22,9 @@ namespace ddp::launch {
 namespace {
 
 constexpr std::size_t kMaxPhase = 64;     // a phase is a short word
-constexpr std::size_t kReadChunk = 4096;  // one read()
-constexpr int kReadsPerWakeup = 16;       // up to a default pipe's capacity per wake-up
+constexpr std::size_t kReadChunk = 65536;  // one read()
+constexpr int kReadsPerWakeup = 16;        // up to kPipeBytes per drain
+constexpr int kPipeBytes = 1 << 20;        // asked of F_SETPIPE_SZ: a second of fast steps
 
 bool is_blank(char c) { return c == ' ' || c == '\t'; }
 
@@ -173,6 +174,10 @@ int ProgressReader::open_rank(int local_rank, SteadyTime now) {
     throw IoError("progress pipe for local rank " + std::to_string(local_rank) + ": " +
                   std::strerror(errno));
   }
+  // The agent drains the pipes at each check, not at each line (a line per step would wake it
+  // thousands of times a second, beside the training on the same cores): room for about a
+  // second of lines. Best effort: a smaller pipe drops lines, never blocks the worker.
+  (void)::fcntl(p[1], F_SETPIPE_SZ, kPipeBytes);
   Pipe pipe;
   pipe.local_rank = local_rank;
   pipe.read_fd = p[0];

@@ -65,7 +65,7 @@ class ProgressReader {
   int open_rank(int local_rank, SteadyTime now);
   // The agent's copies of the write ends are closed after the workers started.
   void after_start();
-  std::vector<int> fds() const;  // read ends to poll
+  std::vector<int> fds() const;  // the read ends (drained at each check, not polled)
   void on_readable(int fd, SteadyTime now);
   // Progress by another channel (torch's file timer: an acquire or release).
   void note_activity(int local_rank, SteadyTime now);
