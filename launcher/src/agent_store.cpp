@@ -249,6 +249,7 @@ void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,
       if (k.rfind("/ddprun/", 0) == 0 && k.size() > 13 &&
           k.compare(k.size() - 5, 5, "/host") == 0) {
         std::string other = k.substr(8, k.size() - 13);
+        if (other == run_id) return;  // written between the check and the listing
         throw ConfigError("the rendezvous endpoint " + rs.host + ":" + std::to_string(rs.port) +
                           " is the store of another job (run id '" + other + "', hosted by " +
                           store.get(k) + "), not of run id '" + run_id +

@@ -16,6 +16,7 @@
 #include "ddp/launch/config.hpp"
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/slurm_env.hpp"
+#include "ddp/launch/uuid.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 #include "ddp/proto/number.hpp"
@@ -78,21 +79,6 @@ int signal_number(const std::string& name) {
   return it->second;
 }
 
-std::string random_run_id() {
-  std::random_device rd;
-  std::mt19937_64 rng((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
-  static const char* hex = "0123456789abcdef";
-  std::string id;
-  for (int i = 0; i < 32; ++i) {
-    if (i == 8 || i == 12 || i == 16 || i == 20) id.push_back('-');
-    auto nibble = rng() & 15;
-    if (i == 12) nibble = 4;                 // version 4 (random), as Python's uuid4()
-    if (i == 16) nibble = 8 | (nibble & 3);  // the RFC 4122 variant
-    id.push_back(hex[nibble]);
-  }
-  return id;
-}
-
 void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>& raw,
                        const std::map<std::string, std::string>& env) {
   auto nn = split(raw.at("nnodes"), ':');
@@ -109,7 +95,7 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   if (c.standalone) {
     c.rdzv_backend = "c10d";
     c.rdzv_endpoint = "localhost:0";
-    c.rdzv_id = random_run_id();
+    c.rdzv_id = random_uuid4();
     c.private_store = true;
   }
   const std::string& np = c.nproc_per_node;
@@ -401,7 +387,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
         c.max_nodes == 1 && !c.standalone) {
       c.rdzv_backend = "c10d";
       c.rdzv_endpoint = "localhost:0";
-      if (!slurm.active) c.rdzv_id = random_run_id();
+      if (!slurm.active) c.rdzv_id = random_uuid4();
       c.private_store = true;
     }
     c.rdzv = resolve_endpoint(c);  // the one parse: a malformed endpoint fails now

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ddp/launch/uuid.hpp"
 #include "ddp/proto/error.hpp"
 
 namespace ddp::launch {
@@ -39,21 +40,6 @@ std::optional<int> as_int(const json& v) {
   const auto i = v.get<std::int64_t>();
   if (i < INT_MIN || i > INT_MAX) return std::nullopt;
   return static_cast<int>(i);
-}
-
-std::string uuid4() {
-  std::random_device rd;
-  std::mt19937_64 rng((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
-  static const char* hex = "0123456789abcdef";
-  std::string id;
-  for (int i = 0; i < 32; ++i) {
-    if (i == 8 || i == 12 || i == 16 || i == 20) id.push_back('-');
-    auto nibble = rng() & 15;
-    if (i == 12) nibble = 4;                 // version 4, as Python's uuid.uuid4()
-    if (i == 16) nibble = 8 | (nibble & 3);  // the RFC 4122 variant
-    id.push_back(hex[nibble]);
-  }
-  return id;
 }
 
 std::string errno_text(const std::string& what, const std::string& path, int err) {
@@ -177,7 +163,7 @@ std::unique_ptr<FileTimerServer> FileTimerServer::from_env(
     std::string dir = "/tmp";
     if (auto t = env.find("TMPDIR"); t != env.end() && !t->second.empty()) dir = t->second;
     if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    path = dir + "/watchdog_timer_" + uuid4();  // torch's name
+    path = dir + "/watchdog_timer_" + random_uuid4();  // torch's name
   }
   return std::unique_ptr<FileTimerServer>(new FileTimerServer(std::move(path)));
 }

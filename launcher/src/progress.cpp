@@ -21,7 +21,7 @@
 namespace ddp::launch {
 namespace {
 
-constexpr std::size_t kMaxPhase = 64;     // a phase is a short word
+constexpr std::size_t kMaxPhase = 64;      // a phase is a short word
 constexpr std::size_t kReadChunk = 65536;  // one read()
 constexpr int kReadsPerWakeup = 16;        // up to kPipeBytes per drain
 constexpr int kPipeBytes = 1 << 20;        // asked of F_SETPIPE_SZ: a second of fast steps
