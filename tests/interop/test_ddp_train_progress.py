@@ -285,4 +285,6 @@ def test_slow_rank_computes_three_times_longer(tmp_path, jobs):
     fast, slow = compute_s(0), compute_s(1)
     assert fast > 0, job.output()
     print(f"median compute phase: rank 1 (slow=3) {slow:.6f} s, rank 0 {fast:.6f} s")
-    assert slow / fast > 2, f"rank 1 computes {slow:.6f} s per step, rank 0 {fast:.6f} s"
+    # About 3 on an idle machine; a loaded one (the sanitizer builds, 2 cores) narrows it, since
+    # the fast rank's compute then waits for a core too. Clearly slower is what is asserted.
+    assert slow / fast > 1.5, f"rank 1 computes {slow:.6f} s per step, rank 0 {fast:.6f} s"

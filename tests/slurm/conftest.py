@@ -101,7 +101,17 @@ class Cluster:
         subprocess.run(["scontrol", *args], env=self.env, check=True, timeout=120)
 
     def scancel(self, jid, *opts):
-        subprocess.run(["scancel", *opts, jid], env=self.env, check=True, timeout=120)
+        """scancel, again (3 tries) when slurmctld was too busy to answer in time ("Socket timed
+        out on send/recv operation", exit 140 on a loaded 2-core machine): a refusal of any
+        other kind fails at once."""
+        for attempt in range(3):
+            p = subprocess.run(["scancel", *opts, jid], env=self.env, timeout=120,
+                               capture_output=True, text=True)
+            if p.returncode == 0:
+                return
+            if "timed out" not in p.stderr or attempt == 2:
+                raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
+            time.sleep(2)
 
     def cancel_quietly(self, jid):
         """For finally: blocks, so a failed test never leaves a job holding the nodes."""
