@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -94,9 +95,11 @@ def watch(procs, pattern, bound):
     deadline = time.time() + bound
     while time.time() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.05)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
+    for p in procs:  # each launcher leads a session of its own: end all of it, helpers too
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         p.wait()
     for t in threads:
         t.join(timeout=5)
@@ -125,7 +128,7 @@ def time_to_report(bin_dir, nodes, nproc, timeout_s, work):
                 f"--rdzv-id=bench{nodes}", f"--hang-timeout={timeout_s}", "--on-hang=stop",
                 "--log-dir=/dev/null", "--rdzv-conf=join_timeout=120", script]
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, env=env_with(PYTHON_EXEC=sys.executable,
+                                      text=True, start_new_session=True, env=env_with(PYTHON_EXEC=sys.executable,
                                                               STUCK_RANK=stuck,
                                                               HANG_AT=hang_at)))
     when, texts = watch(procs, r"ddprun: hang: no progress", 180)
@@ -201,7 +204,7 @@ def same_fault(bin_dir, work):
         if os.path.exists(hang_at):
             os.unlink(hang_at)
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             cwd=work, env=env_with(PYTHON_EXEC=sys.executable, HANG_AT=hang_at,
+                             cwd=work, start_new_session=True, env=env_with(PYTHON_EXEC=sys.executable, HANG_AT=hang_at,
                                                     **extra))
         pattern = (r"ddprun: hang: no progress|Root Cause|FT timeout elapsed|"
                    r"Some rank\(s\) exited|ChildFailedError")
