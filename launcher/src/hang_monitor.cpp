@@ -266,21 +266,15 @@ std::optional<HangAction> HangMonitor::lead(SteadyTime now) {
   }
   const auto nodes = bus_->collect();
   const JobVerdict v = judge(nodes, s_.settings, stragglers_);
-  for (int rank : v.stragglers) {
-    for (const auto& n : nodes) {
-      for (const auto& h : n.ranks) {
-        if (h.rank != rank) continue;
-        std::vector<double> medians;
-        for (const auto& m : nodes) {
-          for (const auto& o : m.ranks) {
-            if (o.median_step_s > 0) medians.push_back(o.median_step_s);
-          }
-        }
-        StragglerFinding f{h.rank,          h.local_rank,    n.host,
-                           h.median_step_s, median(medians), h.steps_known};
-        std::fputs((format_straggler(f) + "\n").c_str(), stderr);
-        straggler_findings_.push_back(f);
+  for (const auto& n : nodes) {
+    for (const auto& h : n.ranks) {
+      if (std::find(v.stragglers.begin(), v.stragglers.end(), h.rank) == v.stragglers.end()) {
+        continue;
       }
+      StragglerFinding f{h.rank,          h.local_rank,           n.host,
+                         h.median_step_s, v.straggler_baseline_s, h.steps_known};
+      std::fputs((format_straggler(f) + "\n").c_str(), stderr);
+      straggler_findings_.push_back(f);
     }
   }
   if (!v.stragglers.empty() && !s_.report_dir.empty()) {

@@ -159,7 +159,7 @@ double lower_median(std::vector<double> v) {
 }
 
 void judge_stragglers(const std::vector<NodeSummary>& nodes, const HangSettings& s,
-                      StragglerState& st, std::vector<int>& named) {
+                      StragglerState& st, std::vector<int>& named, double& baseline) {
   std::map<int, double> comparable;  // rank -> median step time
   std::set<int> seen;
   for (const auto& n : nodes) {
@@ -178,7 +178,8 @@ void judge_stragglers(const std::vector<NodeSummary>& nodes, const HangSettings&
   }
   std::vector<double> medians;
   for (const auto& [rank, m] : comparable) medians.push_back(m);
-  double job = lower_median(std::move(medians));
+  const double job = lower_median(std::move(medians));
+  baseline = job;
   int checks = std::max(1, s.straggler_checks);
   for (int rank : seen) {
     auto it = comparable.find(rank);
@@ -206,7 +207,9 @@ JobVerdict judge(const std::vector<NodeSummary>& nodes, const HangSettings& s, S
     }
     v.stalled.assign(stalled.begin(), stalled.end());
   }
-  if (s.straggler_factor > 0) judge_stragglers(nodes, s, st, v.stragglers);
+  if (s.straggler_factor > 0) {
+    judge_stragglers(nodes, s, st, v.stragglers, v.straggler_baseline_s);
+  }
   return v;
 }
 

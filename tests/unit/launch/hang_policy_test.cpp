@@ -214,7 +214,9 @@ TEST_CASE("judge: in a 2-rank job the slow rank is compared against the other", 
   auto s = stragglers_on(2, 1);
   StragglerState st;
   // The mean of 1 and 3 is 2: 3 is not above 2 x 2. Against the other rank it is.
-  CHECK(judge(steps({1.0, 3.0}), s, st).stragglers == std::vector<int>{1});
+  const JobVerdict two = judge(steps({1.0, 3.0}), s, st);
+  CHECK(two.stragglers == std::vector<int>{1});
+  CHECK(two.straggler_baseline_s == Approx(1.0));  // the baseline the message names
   StragglerState st2;
   CHECK(judge(steps({3.0, 1.0}), s, st2).stragglers == std::vector<int>{0});
   StragglerState st3;

@@ -58,8 +58,9 @@ NodeSummary decode_summary(const std::string& text);  // throws ddp::ProtocolErr
 double rank_idle_s(bool reports, double since_progress_s, double since_cpu_moved_s);
 
 struct JobVerdict {
-  std::vector<int> stalled;     // ranks idle for the timeout, sorted
-  std::vector<int> stragglers;  // ranks named as stragglers by this check (each once)
+  std::vector<int> stalled;         // ranks idle for the timeout, sorted
+  std::vector<int> stragglers;      // ranks named as stragglers by this check (each once)
+  double straggler_baseline_s = 0;  // the job's median step time they were compared with
   bool hung() const { return !stalled.empty(); }
 };
 
