@@ -2,6 +2,7 @@
 // flag table is the one cli_flags.cpp makes (regenerate it with `ddprun --help-markdown`).
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -79,4 +80,21 @@ TEST_CASE("the bash completion script offers every long flag", "[unit][launch]")
   for (const auto& s : flag_specs()) CHECK(bash.find(long_name(s)) != std::string::npos);
   CHECK(bash.find("complete -o filenames -F _ddprun ddprun") != std::string::npos);
   CHECK_THROWS(completion_script("fish"));
+}
+
+TEST_CASE("no test's name starts with '-' (ctest would hand it to Catch2 as an option)",
+          "[unit][launch]") {
+  namespace fs = std::filesystem;
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(std::string(DDP_SOURCE_DIR) + "/tests")) {
+    if (e.path().extension() != ".cpp") continue;
+    ++files;
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      INFO(e.path().string() << ": " << line);
+      CHECK(line.find("TEST_CASE(\"-") == std::string::npos);
+    }
+  }
+  CHECK(files > 20);  // the scan found the test sources
 }
