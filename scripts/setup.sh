@@ -17,6 +17,8 @@ packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
           clang libclang-rt-14-dev clang-format python3 python3-venv iproute2 util-linux elfutils)
 # The tests also start a real local Slurm cluster (tests/slurm, ../shared/infra/local_slurm.sh).
 [[ $with_torch == 1 ]] && packages+=(python3-torch python3-pytest slurmctld slurmd slurm-client munge)
+# The status views' tests (issue 18): promtool and a real Prometheus, a headless Chromium.
+[[ $with_torch == 1 ]] && packages+=(prometheus chromium chromium-driver)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -48,5 +50,8 @@ if [[ $with_torch == 1 ]]; then
     -c <("$venv/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
   # py-spy (stacks of hung workers, issue 17) into a venv made before it was on the line above.
   [[ -x "$venv/bin/py-spy" ]] || "$venv/bin/pip" install -q py-spy
+  # selenium (the live page in Chromium) and jsonschema (ddprun status --json), issue 18.
+  "$venv/bin/python" -c "import selenium, jsonschema" 2>/dev/null || "$venv/bin/pip" install -q \
+    selenium jsonschema
   "$venv/bin/python" -c "import torch; print('setup: torch', torch.__version__, 'in $venv')"
 fi

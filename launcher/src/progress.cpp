@@ -94,6 +94,10 @@ std::optional<ProgressLine> parse_progress_line(std::string_view line) {
       auto v = parse_time(value);
       if (!v || out.t) return std::nullopt;
       out.t = v;
+    } else if (key == "samples" || key == "total") {
+      auto v = parse_step(value);
+      if (!v) return std::nullopt;
+      (key == "samples" ? out.samples : out.total) = *v;
     }  // other keys: ignored
   }
   if (!have_step) return std::nullopt;
@@ -111,10 +115,28 @@ void record(RankProgress& r, double seconds) {
   }
 }
 
+// The wall clock of a steady time point (for step spans without the worker's t=).
+double unix_of(SteadyTime t) {
+  using namespace std::chrono;
+  const auto offset = system_clock::now().time_since_epoch() - steady_clock::now().time_since_epoch();
+  return duration<double>(t.time_since_epoch() + offset).count();
+}
+
+void span(RankProgress& r, std::int64_t step, double unix) {
+  if (r.unix_at >= 0 && step > r.step && unix >= r.unix_at) {
+    r.spans.push_back({r.step, r.unix_at, unix});
+    if (r.spans.size() > kTraceSteps) r.spans.pop_front();
+  }
+  if (r.step < 0 || step != r.step) r.unix_at = unix;
+}
+
 }  // namespace
 
 void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime now) {
   r.reported = true;
+  if (line.samples >= 0) r.samples = line.samples;
+  if (line.total >= 0) r.total_steps = line.total;
+  span(r, line.step, line.t ? *line.t : unix_of(now));
   const double clock =
       line.t ? *line.t : std::chrono::duration<double>(now.time_since_epoch()).count();
   const bool new_step = r.step < 0 || line.step != r.step;

@@ -75,6 +75,13 @@ std::int64_t MemoryStore::num_keys() {
   return static_cast<std::int64_t>(table_.num_keys());
 }
 
+void MemoryStore::append(std::string_view key, std::string_view value) {
+  std::lock_guard<std::mutex> g(mu_);
+  Woken woken;
+  table_.append(key, value, woken);
+  changed_.notify_all();
+}
+
 std::vector<std::string> MemoryStore::multi_get(const std::vector<std::string>& keys) {
   std::unique_lock<std::mutex> lock(mu_);
   wait_locked(lock, keys, timeout_);

@@ -1,6 +1,8 @@
 // Progress from the workers, with no store traffic per step: each worker gets the write end of
 // a pipe of its own, named by DDPRUN_PROGRESS_FD, and writes one short line per step
-// ("step=<n> [phase=<word>] [t=<unix seconds>]", or just "<n>"); ddp-train does so natively.
+// ("step=<n> [phase=<word>] [t=<unix seconds>] [samples=<n>] [total=<n>]", or just "<n>");
+// ddp-train does so natively. samples: samples this rank processed in the step (for samples/s);
+// total: the steps the run will take (for the ETA).
 // The agent reads the lines in its event loop and keeps, per local rank, the last step, when
 // it last changed, and the recent step durations (for stragglers). Writers never block (the
 // pipe is non-blocking; a full pipe drops the line, and every line carries the absolute step).
@@ -8,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,7 +25,17 @@ struct ProgressLine {
   std::int64_t step = 0;
   std::string phase;        // "" when not given
   std::optional<double> t;  // the worker's own clock, unix seconds
+  std::int64_t samples = -1;  // samples in this step (-1: not given)
+  std::int64_t total = -1;    // the run's total steps (-1: not given)
 };
+
+// One finished step of a rank on the wall clock, for the trace (status/trace).
+struct StepSpan {
+  std::int64_t step = 0;
+  double start_unix = 0;
+  double end_unix = 0;
+};
+inline constexpr std::size_t kTraceSteps = 4096;  // step spans kept per rank (the newest)
 
 // One line without its newline. nullopt for a line that is not progress (ignored, counted).
 // A trailing '\r' and blanks around the line are ignored; keys other than step, phase and t are
@@ -50,6 +63,10 @@ struct RankProgress {
   std::int64_t step_at = -1;
   double compute_from = -1;  // the clock where the current compute phase began (-1: none)
   bool phased = false;       // reported phase "compute" at least once
+  std::int64_t samples = -1;      // the last samples= (per step)
+  std::int64_t total_steps = -1;  // the last total=
+  double unix_at = -1;            // wall clock of the current step's first line
+  std::deque<StepSpan> spans;     // finished steps, the newest kTraceSteps
 };
 
 // The per-worker pipes of one round.

@@ -25,6 +25,7 @@ class MemoryStore : public Store {
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   bool delete_key(std::string_view key) override;
   std::int64_t num_keys() override;
+  void append(std::string_view key, std::string_view value) override;
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;

@@ -34,6 +34,7 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   virtual bool delete_key(std::string_view key) = 0;
   virtual std::int64_t num_keys() = 0;
+  virtual void append(std::string_view key, std::string_view value) = 0;  // creates when missing
   virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys) = 0;
   virtual void multi_set(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) = 0;

@@ -1,0 +1,111 @@
+// The agent's live status (docs/status.md): one NodeStatus kept up to date by the agent's loop
+// (phases, rounds, spawns, exits, progress) and sampled and published by a thread of its own at
+// a fixed interval (one SET per interval on a store connection of its own; CPU and RSS from
+// /proc, GPU from NVML). It also serves the agent's HTTP views when --http-port is given,
+// drives the terminal progress line, and at exit hands its trace to the store (--trace) and
+// prints the summary.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/launch/progress.hpp"
+#include "ddp/launch/trace.hpp"
+#include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/server.hpp"
+#include "ddp/status/record.hpp"
+
+namespace ddp::status {
+class HttpServer;
+}
+
+namespace ddp::launch {
+
+enum class ProgressMode { automatic, tty, lines, off };
+ProgressMode parse_progress_mode(const std::string& text);  // throws ConfigError naming --progress
+
+struct StatusSetup {
+  std::string run_id;
+  std::string job_id;
+  std::string host;
+  int max_restarts = 0;
+  double interval_s = 1;  // 0: nothing published (the views still read the local record)
+  // The store that holds the records (the rendezvous store); port 0: none (no publishing).
+  std::string store_host;
+  std::uint16_t store_port = 0;
+  rdzv::ClientOptions client;
+  // HTTP views: port -1 off; 0 OS-chosen.
+  std::string http_host;
+  int http_port = -1;
+  std::function<rdzv::ServerStats()> hosted_store_stats;  // when this agent hosts the store
+  std::string trace_path;  // --trace FILE ("": none)
+  ProgressMode progress = ProgressMode::automatic;
+  bool summary = true;
+};
+
+struct RankStart {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = 0;
+  int gpu = -1;
+};
+
+class StatusReporter {
+ public:
+  explicit StatusReporter(StatusSetup setup);
+  ~StatusReporter();  // stops the thread and the HTTP server
+  StatusReporter(const StatusReporter&) = delete;
+  StatusReporter& operator=(const StatusReporter&) = delete;
+
+  // Joins the store (takes a slot), starts the thread and the HTTP server. Never throws for
+  // the store (a status view is not worth failing a job): it says so once and goes on locally.
+  void start();
+
+  // The loop's hooks (main thread).
+  void phase(const std::string& name, const std::string& detail = "");
+  void round_formed(int round, int group_rank, int group_world_size, int world_size,
+                    int restart_count);
+  void workers_started(const std::vector<RankStart>& ranks);
+  void worker_exited(int local_rank, int exit_code, const std::string& error, bool failed);
+  void workers_stopped();  // the agent stopped the rest (a restart, a stop)
+  void progress(const std::map<int, RankProgress>& ranks);  // by local rank
+  void restarting(int round, const std::string& cause, const std::string& what);
+  void failure(const std::string& cause);
+  // The job is over for this node: final state, the last publication, the trace, the summary.
+  void finish(const std::string& state, int exit_code);
+
+  status::NodeStatus snapshot() const;
+  int http_port() const;  // -1 when off
+
+ private:
+  void run();
+  void sample_and_publish();
+  void write_trace();
+  status::JobStatus final_job();
+
+  StatusSetup s_;
+  mutable std::mutex mu_;
+  status::NodeStatus node_;
+  std::map<int, RankSteps> steps_;  // by local rank, for the trace
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+  std::unique_ptr<rdzv::StoreClient> store_;  // the publishing thread's (and finish's)
+  std::unique_ptr<status::HttpServer> http_;
+  struct Sampler;
+  std::unique_ptr<Sampler> sampler_;
+  double started_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace ddp::launch

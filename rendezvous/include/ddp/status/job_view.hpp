@@ -1,0 +1,44 @@
+// Where the status records live in the rendezvous store, and how they are written and read
+// with O(1) store operations: a node publishes with one SET per interval; a reader gets the
+// whole job with three requests (CHECK, GET of the index, one MULTI_GET), whatever its size.
+//   ddprun/status/runs                 run ids, one per line (APPENDed by each run's first agent)
+//   ddprun/status/<run>/slots          ADD counter: each agent takes a slot once
+//   ddprun/status/<run>/index          "<slot>," APPENDed after the slot's first record
+//   ddprun/status/<run>/node/<slot>    the node's record (record.hpp), SET every interval
+//   ddprun/status/<run>/trace/<slot>   the node's trace events, SET once at exit (trace.hpp)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ddp/status/record.hpp"
+
+namespace ddp::rdzv {
+class Store;
+}
+
+namespace ddp::status {
+
+std::string runs_key();
+std::string node_key(const std::string& run_id, int slot);
+std::string trace_key(const std::string& run_id, int slot);
+
+// Takes this agent's slot and publishes its first record (sets n.slot): ADD, SET, APPEND, and
+// for the run's first agent one more APPEND to the run list.
+void join(rdzv::Store& store, NodeStatus& n);
+// One SET (bumps n.seq and n.updated_unix first).
+void publish(rdzv::Store& store, NodeStatus& n, double now_unix);
+
+// The slots in an index value ("0,3,1,"); bad entries are skipped, duplicates dropped.
+std::vector<int> parse_index(const std::string& text);
+// The run ids of a run list, oldest first, at most `max` of the newest.
+std::vector<std::string> parse_runs(const std::string& text, std::size_t max);
+
+// The whole job (empty nodes when the run is unknown); lost nodes marked, derived fields filled.
+JobStatus read_job(rdzv::Store& store, const std::string& run_id, double now_unix);
+// The runs this store has seen, oldest first (the newest `max`).
+std::vector<std::string> list_runs(rdzv::Store& store, std::size_t max = 64);
+
+double unix_now();
+
+}  // namespace ddp::status

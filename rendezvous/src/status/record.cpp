@@ -1,0 +1,260 @@
+// The status records' JSON codec (schema docs/status.schema.json) and the readers' derived
+// fields. Field names are the schema's; unknown fields are ignored (newer agents may add some),
+// a missing or mistyped required field is a ProtocolError that names it.
+#include "ddp/status/record.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::status {
+
+using nlohmann::json;
+
+namespace {
+
+json rank_json(const RankStatus& r) {
+  json j = {{"local_rank", r.local_rank}, {"rank", r.rank},
+            {"pid", r.pid},               {"state", r.state},
+            {"restarts", r.restarts},     {"step", r.step},
+            {"step_time_s", r.step_time_s}, {"samples_per_s", r.samples_per_s},
+            {"total_steps", r.total_steps}, {"cpu", r.cpu_frac},
+            {"rss_bytes", r.rss_bytes},   {"gpu", r.gpu},
+            {"last_error", r.last_error}};
+  j["last_exit"] = r.last_exit ? json(*r.last_exit) : json(nullptr);
+  j["gpu_util"] = r.gpu_util ? json(*r.gpu_util) : json(nullptr);
+  j["gpu_mem_used"] = r.gpu_mem_used ? json(*r.gpu_mem_used) : json(nullptr);
+  j["gpu_mem_total"] = r.gpu_mem_total ? json(*r.gpu_mem_total) : json(nullptr);
+  return j;
+}
+
+json node_json(const NodeStatus& n) {
+  json ranks = json::array();
+  for (const auto& r : n.ranks) ranks.push_back(rank_json(r));
+  json restarts = json::array();
+  for (const auto& e : n.restarts) {
+    restarts.push_back({{"round", e.round}, {"at", e.at_unix}, {"cause", e.cause}, {"what", e.what}});
+  }
+  json phases = json::array();
+  for (const auto& p : n.phases) {
+    phases.push_back(
+        {{"name", p.name}, {"start", p.start_unix}, {"end", p.end_unix}, {"detail", p.detail}});
+  }
+  json j = {{"schema", n.schema},
+            {"run_id", n.run_id},
+            {"job_id", n.job_id},
+            {"host", n.host},
+            {"slot", n.slot},
+            {"agent_pid", n.agent_pid},
+            {"state", n.state},
+            {"round", n.round},
+            {"group_rank", n.group_rank},
+            {"group_world_size", n.group_world_size},
+            {"world_size", n.world_size},
+            {"restart_count", n.restart_count},
+            {"max_restarts", n.max_restarts},
+            {"started", n.started_unix},
+            {"updated", n.updated_unix},
+            {"interval_s", n.interval_s},
+            {"seq", n.seq},
+            {"lost", n.lost},
+            {"ranks", std::move(ranks)},
+            {"restarts", std::move(restarts)},
+            {"failures_by_cause", n.failures_by_cause},
+            {"phases", std::move(phases)}};
+  return j;
+}
+
+[[noreturn]] void bad(const std::string& path, const std::string& why) {
+  DDP_THROW(ProtocolError, "bad status record: " + path + " " + why);
+}
+
+const json& need(const json& o, const char* key, const std::string& path) {
+  if (!o.is_object()) bad(path, "is not an object");
+  auto it = o.find(key);
+  if (it == o.end()) bad(path + "." + key, "is missing");
+  return *it;
+}
+
+template <typename T>
+T num(const json& o, const char* key, const std::string& path) {
+  const json& v = need(o, key, path);
+  if (!v.is_number()) bad(path + "." + key, "is not a number");
+  return v.get<T>();
+}
+
+std::string str(const json& o, const char* key, const std::string& path) {
+  const json& v = need(o, key, path);
+  if (!v.is_string()) bad(path + "." + key, "is not a string");
+  return v.get<std::string>();
+}
+
+template <typename T>
+std::optional<T> opt(const json& o, const char* key, const std::string& path) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) bad(path + "." + key, "is not a number or null");
+  return it->get<T>();
+}
+
+const json& arr(const json& o, const char* key, const std::string& path) {
+  const json& v = need(o, key, path);
+  if (!v.is_array()) bad(path + "." + key, "is not an array");
+  return v;
+}
+
+RankStatus rank_from(const json& j, const std::string& p) {
+  RankStatus r;
+  r.local_rank = num<int>(j, "local_rank", p);
+  r.rank = num<int>(j, "rank", p);
+  r.pid = num<int>(j, "pid", p);
+  r.state = str(j, "state", p);
+  r.restarts = num<int>(j, "restarts", p);
+  r.last_exit = opt<int>(j, "last_exit", p);
+  r.last_error = str(j, "last_error", p);
+  r.step = num<std::int64_t>(j, "step", p);
+  r.step_time_s = num<double>(j, "step_time_s", p);
+  r.samples_per_s = num<double>(j, "samples_per_s", p);
+  r.total_steps = num<std::int64_t>(j, "total_steps", p);
+  r.cpu_frac = num<double>(j, "cpu", p);
+  r.rss_bytes = num<std::uint64_t>(j, "rss_bytes", p);
+  r.gpu = num<int>(j, "gpu", p);
+  r.gpu_util = opt<double>(j, "gpu_util", p);
+  r.gpu_mem_used = opt<std::uint64_t>(j, "gpu_mem_used", p);
+  r.gpu_mem_total = opt<std::uint64_t>(j, "gpu_mem_total", p);
+  return r;
+}
+
+NodeStatus node_from(const json& j, const std::string& p) {
+  NodeStatus n;
+  n.schema = num<int>(j, "schema", p);
+  if (n.schema != kSchemaVersion) {
+    bad(p + ".schema", std::to_string(n.schema) + " is not the version this reader knows (" +
+                           std::to_string(kSchemaVersion) + ")");
+  }
+  n.run_id = str(j, "run_id", p);
+  n.job_id = str(j, "job_id", p);
+  n.host = str(j, "host", p);
+  n.slot = num<int>(j, "slot", p);
+  n.agent_pid = num<int>(j, "agent_pid", p);
+  n.state = str(j, "state", p);
+  n.round = num<int>(j, "round", p);
+  n.group_rank = num<int>(j, "group_rank", p);
+  n.group_world_size = num<int>(j, "group_world_size", p);
+  n.world_size = num<int>(j, "world_size", p);
+  n.restart_count = num<int>(j, "restart_count", p);
+  n.max_restarts = num<int>(j, "max_restarts", p);
+  n.started_unix = num<double>(j, "started", p);
+  n.updated_unix = num<double>(j, "updated", p);
+  n.interval_s = num<double>(j, "interval_s", p);
+  n.seq = num<std::uint64_t>(j, "seq", p);
+  if (auto it = j.find("lost"); it != j.end() && it->is_boolean()) n.lost = it->get<bool>();
+  const json& ranks = arr(j, "ranks", p);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    n.ranks.push_back(rank_from(ranks[i], p + ".ranks[" + std::to_string(i) + "]"));
+  }
+  const json& restarts = arr(j, "restarts", p);
+  for (std::size_t i = 0; i < restarts.size(); ++i) {
+    const std::string q = p + ".restarts[" + std::to_string(i) + "]";
+    n.restarts.push_back({num<int>(restarts[i], "round", q), num<double>(restarts[i], "at", q),
+                          str(restarts[i], "cause", q), str(restarts[i], "what", q)});
+  }
+  const json& f = need(j, "failures_by_cause", p);
+  if (!f.is_object()) bad(p + ".failures_by_cause", "is not an object");
+  for (const auto& [k, v] : f.items()) {
+    if (!v.is_number_integer()) bad(p + ".failures_by_cause." + k, "is not an integer");
+    n.failures_by_cause[k] = v.get<int>();
+  }
+  const json& phases = arr(j, "phases", p);
+  for (std::size_t i = 0; i < phases.size(); ++i) {
+    const std::string q = p + ".phases[" + std::to_string(i) + "]";
+    n.phases.push_back({str(phases[i], "name", q), num<double>(phases[i], "start", q),
+                        num<double>(phases[i], "end", q), str(phases[i], "detail", q)});
+  }
+  return n;
+}
+
+json parse(const std::string& text, const char* what) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) DDP_THROW(ProtocolError, std::string("bad ") + what + ": not JSON");
+  return j;
+}
+
+}  // namespace
+
+bool final_state(const std::string& s) {
+  return s == "succeeded" || s == "failed" || s == "stopped";
+}
+
+void fill_derived(JobStatus& job) {
+  job.round = -1;
+  job.members = 0;
+  job.ranks = 0;
+  job.restarts = 0;
+  std::set<std::string> states;
+  for (auto& n : job.nodes) {
+    const double stale = 3 * n.interval_s + 2;
+    n.lost = !final_state(n.state) && job.now_unix - n.updated_unix > stale;
+    if (n.lost) {
+      for (auto& r : n.ranks) r.state = "lost";
+    }
+    job.round = std::max(job.round, n.round);
+    job.restarts = std::max(job.restarts, n.restart_count);
+  }
+  for (const auto& n : job.nodes) {
+    if (n.lost || n.round != job.round) continue;
+    if (final_state(n.state) && n.ranks.empty()) continue;
+    ++job.members;
+    job.ranks += static_cast<int>(n.ranks.size());
+    states.insert(n.state);
+  }
+  if (states.empty()) {
+    job.state = job.nodes.empty() ? "unknown" : "lost";
+  } else if (states.size() == 1) {
+    job.state = *states.begin();
+  } else if (states.count("failed")) {
+    job.state = "failed";
+  } else {
+    job.state = "mixed";
+  }
+}
+
+std::string to_json(const NodeStatus& n) {
+  return node_json(n).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+NodeStatus node_from_json(const std::string& text) {
+  return node_from(parse(text, "status record"), "node");
+}
+
+std::string to_json(const JobStatus& job, int indent) {
+  json nodes = json::array();
+  for (const auto& n : job.nodes) nodes.push_back(node_json(n));
+  json j = {{"schema", job.schema},   {"run_id", job.run_id}, {"now", job.now_unix},
+            {"round", job.round},     {"members", job.members}, {"ranks", job.ranks},
+            {"restarts", job.restarts}, {"state", job.state}, {"nodes", std::move(nodes)}};
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
+JobStatus job_from_json(const std::string& text) {
+  const json j = parse(text, "job status");
+  JobStatus job;
+  job.schema = num<int>(j, "schema", "job");
+  job.run_id = str(j, "run_id", "job");
+  job.now_unix = num<double>(j, "now", "job");
+  job.round = num<int>(j, "round", "job");
+  job.members = num<int>(j, "members", "job");
+  job.ranks = num<int>(j, "ranks", "job");
+  job.restarts = num<int>(j, "restarts", "job");
+  job.state = str(j, "state", "job");
+  const json& nodes = arr(j, "nodes", "job");
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    job.nodes.push_back(node_from(nodes[i], "job.nodes[" + std::to_string(i) + "]"));
+  }
+  return job;
+}
+
+}  // namespace ddp::status

@@ -1,0 +1,2 @@
+// unit/launch/gpu_sample_test.cpp (STUB: to be written)
+#include <catch2/catch.hpp>

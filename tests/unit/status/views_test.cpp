@@ -1,0 +1,2 @@
+// unit/status/views_test.cpp (STUB: to be written)
+#include <catch2/catch.hpp>
