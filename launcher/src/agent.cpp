@@ -26,6 +26,7 @@
 #include "ddp/launch/liveness.hpp"
 #include "ddp/launch/rendezvous.hpp"
 #include "ddp/launch/slurm_env.hpp"
+#include "ddp/launch/status_reporter.hpp"
 #include "ddp/launch/worker_output.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
@@ -87,6 +88,50 @@ milliseconds slurm_aware_grace(const LaunchConfig& config,
         static_cast<double>(capped.count()) / 1000, kill_wait);
   }
   return capped;
+}
+
+// Each local rank's GPU as NVML numbers it (its place in the machine's bus-id order), for the
+// GPU figures: torch's workers take cuda:LOCAL_RANK of the visible ones.
+std::vector<int> nvml_indices(const EnvMap& env) {
+  const auto machine = machine_gpus(nvidia_gpus_dir(env));
+  std::vector<int> out;
+  for (const GpuDevice& v : visible_gpus(machine, env)) {
+    int index = -1;
+    for (std::size_t i = 0; i < machine.size(); ++i) {
+      if ((!v.pci_bus_id.empty() && v.pci_bus_id == machine[i].pci_bus_id) ||
+          (!v.uuid.empty() && v.uuid == machine[i].uuid)) {
+        index = static_cast<int>(i);
+      }
+    }
+    out.push_back(index);
+  }
+  return out;
+}
+
+// The live status's settings from the command line (docs/status.md).
+StatusSetup status_setup(const LaunchConfig& config, const EnvMap& env, const RendezvousStore& rs,
+                         const WorkersAddr& workers, const rdzv::ClientOptions& client) {
+  StatusSetup ss;
+  ss.run_id = config.rdzv_id;
+  ss.job_id = knobs::text("SLURM_JOB_ID", &env).value_or("");
+  ss.host = hostname();
+  ss.max_restarts = config.max_restarts;
+  ss.interval_s = config.status_interval_s;
+  ss.store_host = rs.host;
+  ss.store_port = rs.port;
+  ss.client = client;
+  ss.http_port = config.http_port;
+  ss.http_host = !config.http_host.empty() ? config.http_host
+                 : rs.server               ? rs.server->host()
+                 : !workers.bind.empty()   ? workers.bind
+                                           : "127.0.0.1";
+  if (rs.server) {
+    rdzv::StoreServer* server = rs.server.get();
+    ss.hosted_store_stats = [server] { return server->stats(); };
+  }
+  ss.trace_path = config.trace_path;
+  ss.progress = parse_progress_mode(config.progress);
+  return ss;
 }
 
 int make_signalfd(const std::vector<int>& signals) {
@@ -256,9 +301,31 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   hang.timeout_s = config.hang_timeout_s;
   hang.action = parse_on_hang(config.on_hang);
   hang.straggler_factor = config.straggler_factor;
-  LocalRound local({config, workers_env, process, logs, rdzv, grace, sigfd, passfd, chldfd,
-                    prefix_template, host, nproc, solo, rs.host, rs.port, clients.watcher, hang,
-                    timer.get(), solo ? nullptr : &store});
+  // The live status: published to the rendezvous store, served with --http-port.
+  StatusReporter status(status_setup(config, agent_env, rs, workers, clients.status));
+  status.start();
+  LocalRound::Setup ls{config,
+                       workers_env,
+                       process,
+                       logs,
+                       rdzv,
+                       grace,
+                       sigfd,
+                       passfd,
+                       chldfd,
+                       prefix_template,
+                       host,
+                       nproc,
+                       solo,
+                       rs.host,
+                       rs.port,
+                       clients.watcher,
+                       hang,
+                       timer.get(),
+                       solo ? nullptr : &store,
+                       &status,
+                       nvml_indices(agent_env)};
+  LocalRound local(ls);
   LifecycleConfig lc;
   lc.self = self;
   lc.run_id = config.rdzv_id;
@@ -268,6 +335,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   lc.max_restarts = config.max_restarts;
   lc.max_nodes = config.max_nodes;
   lc.solo = solo;
+  lc.status = &status;
   return run_lifecycle(lc, rounds, local, local);
 }
 

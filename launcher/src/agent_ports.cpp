@@ -157,7 +157,31 @@ SpawnResult LocalRound::start(const GroupInfo& group) {
   plan.progress = progress_.get();
   SpawnResult result = spawn_workers(plan, *pump_, *workers_, s_.sigfd);
   if (progress_ && result.error.empty() && !result.stop_signal) start_monitor(group);
+  if (s_.status && result.error.empty()) {
+    std::vector<RankStart> ranks;
+    const auto pids = workers_->pids();  // in local rank order
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      const int r = static_cast<int>(i);
+      const int gpu = i < s_.gpus.size() ? s_.gpus[i] : -1;
+      ranks.push_back({r, group.base_global_rank + r, pids[i], gpu});
+    }
+    s_.status->workers_started(ranks);
+  }
   return result;
+}
+
+// What the live status learns from one turn: exits, a named hang, progress (4 times a second).
+void LocalRound::tell_status(const std::vector<WorkerExit>& exits, const Observation& o) {
+  for (const WorkerExit& e : exits) {
+    s_.status->worker_exited(e.local_rank, e.signal ? -e.signal : e.exit_code,
+                             e.failed() ? e.describe() : "", e.failed());
+  }
+  if (o.hang && o.hang->local_rank >= 0) s_.status->hung(o.hang->local_rank);
+  const auto now = std::chrono::steady_clock::now();
+  if (progress_ && (now >= next_status_ || !exits.empty())) {
+    s_.status->progress(progress_->ranks());
+    next_status_ = now + std::chrono::milliseconds(250);
+  }
 }
 
 void LocalRound::start_monitor(const GroupInfo& group) {
@@ -249,12 +273,17 @@ Observation LocalRound::wait() {
       return o;
     }
   }
+  std::vector<WorkerExit> exits;
   for (std::size_t i = 0; i < pidfds.size(); ++i) {
     if (fds[kFixed + i].revents == 0) continue;
     WorkerExit e = workers_->reap_pidfd(pidfds[i]);
     if (e.failed()) o.failed.push_back(e);
+    if (s_.status) exits.push_back(e);
   }
-  if (!o.failed.empty()) return o;
+  if (!o.failed.empty()) {
+    if (s_.status) tell_status(exits, o);
+    return o;
+  }
   if (monitor_) {
     if (auto a = monitor_->check(now)) {
       HangReport h;
@@ -266,6 +295,7 @@ Observation LocalRound::wait() {
       o.hang = h;
     }
   }
+  if (s_.status) tell_status(exits, o);
   o.all_done = workers_->running() == 0;
   if (watcher_ && fds[1].revents != 0) {
     if (auto ev = watcher_->event()) {

@@ -18,6 +18,7 @@
 #include "ddp/launch/lifecycle.hpp"
 #include "ddp/launch/liveness.hpp"
 #include "ddp/launch/rendezvous.hpp"
+#include "ddp/launch/status_reporter.hpp"
 #include "ddp/launch/worker_group.hpp"
 #include "ddp/launch/worker_output.hpp"
 #include "ddp/rdzv/client.hpp"
@@ -90,6 +91,10 @@ class LocalRound final : public WorkerLauncher, public EventSource {
     HangSettings hang;
     FileTimerServer* timer = nullptr;
     rdzv::StoreClient* health_store = nullptr;
+    // The live status (status_reporter.hpp; null: none) and each local rank's GPU as NVML
+    // numbers it (-1 or absent: none).
+    StatusReporter* status = nullptr;
+    std::vector<int> gpus;
   };
   explicit LocalRound(Setup setup) : s_(std::move(setup)) {}
   ~LocalRound() override {
@@ -122,7 +127,9 @@ class LocalRound final : public WorkerLauncher, public EventSource {
   std::unique_ptr<ProgressReader> progress_;
   std::unique_ptr<HangMonitor> monitor_;
   Round round_;
+  SteadyTime next_status_{};  // when the live status next takes the progress
   void start_monitor(const GroupInfo& group);
+  void tell_status(const std::vector<WorkerExit>& exits, const Observation& o);
 };
 
 }  // namespace ddp::launch

@@ -265,6 +265,11 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                                             {"hang_timeout", "600"},
                                             {"on_hang", "report"},
                                             {"straggler_factor", "3"},
+                                            {"status_interval", "1"},
+                                            {"http_port", kUnset},
+                                            {"http_host", kUnset},
+                                            {"trace", kUnset},
+                                            {"progress", "auto"},
                                             {"log_line_prefix_template", kUnset},
                                             {"max_nproc_per_node", kUnset}};
   CLI::App app{"ddprun: a torchrun-compatible launcher", "ddprun"};

@@ -118,6 +118,23 @@ constexpr FlagSpec kFlags[] = {
      "3",
      "ddprun's own: name a rank whose step time stays above FACTOR x the job's median (ranks "
      "that report steps; 0: off)."},
+    {"status_interval", "--status-interval,--status_interval", false, true, G::ddprun, "SECONDS",
+     "1",
+     "ddprun's own: publish this node's status (ranks, steps, restarts, CPU/GPU) to the "
+     "rendezvous store this often, for ddprun status and the live views (0: off). See "
+     "docs/status.md."},
+    {"http_port", "--http-port,--http_port", false, true, G::ddprun, "PORT", "off",
+     "ddprun's own: serve the live page, /api/status and /metrics on this port (0: a free one, "
+     "printed at start)."},
+    {"http_host", "--http-host,--http_host", false, true, G::ddprun, "HOST",
+     "where the store binds", "ddprun's own: the address --http-port binds."},
+    {"trace", "--trace", false, true, G::ddprun, "FILE", "(none)",
+     "ddprun's own: at exit, write a Chrome/Perfetto trace of every node's launcher phases and "
+     "ranks' steps to FILE (written by group rank 0)."},
+    {"progress", "--progress", false, true, G::ddprun, "{auto,tty,lines,off}", "auto",
+     "ddprun's own: the local workers' progress line (step, samples/s, ETA): redrawn on a "
+     "terminal (tty), a plain line every 10 s (lines), or auto (tty on a terminal, else lines); "
+     "and the summary at exit (off: neither)."},
 };
 
 std::vector<std::string> names_of(const FlagSpec& s) {

@@ -66,6 +66,30 @@ void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>&
     throw ConfigError("--straggler-factor: " + raw.at("straggler_factor") +
                       " must be above 1 (or 0: off)");
   }
+  c.status_interval_s =
+      static_cast<double>(
+          parse_seconds(raw.at("status_interval"), "--status-interval", 0, 3600).count()) /
+      1000.0;
+  if (c.status_interval_s > 0 && c.status_interval_s < 0.1) {
+    throw ConfigError("--status-interval: " + raw.at("status_interval") +
+                      " is below 0.1 s (0: off)");
+  }
+  if (raw.at("http_port") != kUnset && raw.at("http_port") != "off") {
+    c.http_port = static_cast<int>(parse_int(raw.at("http_port"), "--http-port", 0, 65535));
+  }
+  if (raw.at("http_host") != kUnset) {
+    if (raw.at("http_host").empty()) throw ConfigError("--http-host: empty");
+    c.http_host = raw.at("http_host");
+  }
+  if (raw.at("trace") != kUnset) {
+    if (raw.at("trace").empty()) throw ConfigError("--trace: empty file name");
+    c.trace_path = raw.at("trace");
+  }
+  c.progress = raw.at("progress");
+  if (c.progress != "auto" && c.progress != "tty" && c.progress != "lines" && c.progress != "off") {
+    throw ConfigError("--progress: invalid choice '" + c.progress +
+                      "' (choose from auto, tty, lines, off)");
+  }
   if (raw.at("logs_specs") != kUnset) {
     throw ConfigError("--logs-specs: Could not find entrypoint under 'torchrun.logs_specs[" +
                       raw.at("logs_specs") +

@@ -10,6 +10,7 @@
 
 #include "ddp/launch/agent_error_file.hpp"
 #include "ddp/launch/failure_report.hpp"
+#include "ddp/launch/status_reporter.hpp"
 #include "ddp/proto/error.hpp"
 
 namespace ddp::launch {
@@ -102,14 +103,46 @@ void report(const Decision& d, const RoundFacts& f, const LifecycleConfig& c,
   }
 }
 
+// The job is over for this node: the live status says so, then ddprun exits with `code`.
+int finish(const LifecycleConfig& c, const std::string& state, int code) {
+  if (c.status) c.status->finish(state, code);
+  return code;
+}
+
 }  // namespace
+
+std::string cause_of(const WorkerExit& e) {
+  if (e.oom.named()) return "oom";
+  return e.signal != 0 ? "signal" : "exitcode";
+}
+
+std::string cause_of(const RoundEvent& ev) {
+  switch (ev.kind) {
+    case RoundEvent::Kind::failure:
+      if (ev.what.find("hang") != std::string::npos ||
+          ev.what.find("progress") != std::string::npos) {
+        return "hang";
+      }
+      if (ev.what.find("OOM") != std::string::npos ||
+          ev.what.find("out of memory") != std::string::npos) {
+        return "oom";
+      }
+      return ev.what.rfind("Signal", 0) == 0 ? "signal" : "exitcode";
+    case RoundEvent::Kind::lost: return "node_lost";
+    case RoundEvent::Kind::join: return "node_joined";
+    case RoundEvent::Kind::signal: return "signal";
+    default: return "other";
+  }
+}
 
 int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher& workers,
                   EventSource& events) {
   NodeDesc self = c.self;
   int hint = -1;
   int expect = 0;
+  StatusReporter* st = c.status;
   while (true) {
+    if (st) st->phase("rendezvous", hint < 0 ? "" : "round " + std::to_string(hint));
     const Formed formed = rdzv.form(self, hint, expect);
     RoundFacts f;
     f.formation = formed.kind;
@@ -118,7 +151,9 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     f.max_nodes = c.max_nodes;
     f.solo = c.solo;
     if (formed.signal != 0 || formed.kind != Formation::formed) {
-      return stop_unformed(decide(f), formed);
+      const Decision d = decide(f);
+      const int code = stop_unformed(d, formed);
+      return finish(c, formed.signal ? "stopped" : code == 0 ? "succeeded" : "failed", code);
     }
     const Round& round = formed.round;
     f.restart_count = round.restart_count;
@@ -126,6 +161,11 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     GroupInfo g = group_of(formed, c);
     g.attempt_dir = workers.make_attempt(round.restart_count);  // rank dirs: when spawned
     events.open(round);
+    if (st) {
+      st->round_formed(round.number, round.group_rank, round.group_world_size, round.world_size,
+                       round.restart_count);
+      st->phase("spawn", std::to_string(c.nproc) + " workers");
+    }
 
     // Spawn, then watch until the policy says the round is over for this node.
     const SpawnResult spawned = workers.start(g);
@@ -135,6 +175,7 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     } else if (spawned.stop_signal) {
       f.stop_signal = events.take_signal();
     }
+    if (st && spawned.error.empty() && !spawned.stop_signal) st->phase("run");
     std::string store_error;
     Decision d = decide(f);
     while (d.kind == Kind::keep_waiting) {
@@ -151,8 +192,15 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     bool stopped = false;
     if (d.kind == Kind::post_failure) {
       // The others were stopped by us: not failures of their own.
+      if (st) st->phase("stop", "a local failure");
       workers.stop(SIGTERM);
       stopped = true;
+      if (st) {
+        st->workers_stopped();
+        for (const auto& fl : f.failures) st->failure(cause_of(fl.exit));
+        if (!f.spawn_error.empty()) st->failure("spawn");
+        if (f.hang) st->failure("hang");
+      }
       for (auto& fl : f.failures) {
         if (!fl.error_file.empty()) fl.reported = read_error_file(fl.error_file);
       }
@@ -181,24 +229,30 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
         } catch (const Error&) {
           // The store is gone too; nobody is left to tell.
         }
-        return d.exit_code;
+        return finish(c, "stopped", d.exit_code);
       }
       case Kind::succeed:
         workers.finish();
         rdzv.depart(round);
         workers.remove_temporary_logs();
-        return 0;
+        return finish(c, "succeeded", 0);
       case Kind::stop_and_report:
         if (!stopped) workers.stop(SIGTERM);
+        if (st) st->workers_stopped();
         report(d, f, c, store_error);
         if (d.leave) rdzv.depart(round);
-        return d.exit_code;
+        return finish(c, d.exit_code == 0 ? "succeeded" : "failed", d.exit_code);
       default: break;
     }
 
     // restart_all or reform: a failure or a stop elsewhere (or ours, with restarts left).
-    if (!stopped) workers.stop(SIGTERM);
     const std::string what = f.event ? f.event->describe() : "a failure";
+    if (st) {
+      st->phase("restart", what);
+      st->restarting(round.number, f.event ? cause_of(*f.event) : "other", what);
+    }
+    if (!stopped) workers.stop(SIGTERM);
+    if (st) st->workers_stopped();
     self.restart_count = d.next_restart_count;
     if (d.kind == Kind::restart_all) {
       std::fprintf(stderr, "ddprun: %s; restarting the workers of every node, restart %d of %d\n",

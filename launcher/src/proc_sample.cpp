@@ -8,13 +8,15 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 #include <string>
 
 namespace ddp::launch {
 namespace {
 
-// Fields after the comm: [0] state (field 3 of proc(5)), ..., [11] utime (14), [12] stime (15).
-constexpr std::size_t kUtime = 11, kStime = 12;
+// Fields after the comm: [0] state (field 3 of proc(5)), ..., [11] utime (14), [12] stime (15),
+// ..., [21] rss (24, in pages).
+constexpr std::size_t kUtime = 11, kStime = 12, kRss = 21;
 
 std::optional<std::uint64_t> parse_u64(std::string_view s) {
   std::uint64_t v = 0;
@@ -53,9 +55,9 @@ std::optional<ProcSample> parse_proc_stat(std::string_view text) {
     return std::nullopt;  // "<pid> (" first
   }
   std::string_view rest = text.substr(close + 1);
-  std::string_view fields[kStime + 1];
+  std::string_view fields[kRss + 1];
   std::size_t count = 0;
-  while (count <= kStime) {
+  while (count <= kRss) {
     const auto begin = rest.find_first_not_of(" \n");
     if (begin == std::string_view::npos) break;
     rest.remove_prefix(begin);
@@ -69,6 +71,12 @@ std::optional<ProcSample> parse_proc_stat(std::string_view text) {
   ProcSample s;
   s.state = fields[0][0];
   s.cpu_ticks = *utime + *stime;
+  if (count > kRss) {
+    const auto pages = parse_u64(fields[kRss]);
+    const std::uint64_t page = page_size_bytes();
+    if (!pages || *pages > UINT64_MAX / page) return std::nullopt;
+    s.rss_bytes = *pages * page;
+  }
   return s;
 }
 
@@ -92,6 +100,14 @@ long clock_ticks_per_second() {
     return t > 0 ? t : 100L;
   }();
   return ticks;
+}
+
+std::uint64_t page_size_bytes() {
+  static const std::uint64_t bytes = [] {
+    const long b = ::sysconf(_SC_PAGESIZE);
+    return b > 0 ? static_cast<std::uint64_t>(b) : std::uint64_t{4096};
+  }();
+  return bytes;
 }
 
 }  // namespace ddp::launch

@@ -118,7 +118,8 @@ void record(RankProgress& r, double seconds) {
 // The wall clock of a steady time point (for step spans without the worker's t=).
 double unix_of(SteadyTime t) {
   using namespace std::chrono;
-  const auto offset = system_clock::now().time_since_epoch() - steady_clock::now().time_since_epoch();
+  const auto offset =
+      system_clock::now().time_since_epoch() - steady_clock::now().time_since_epoch();
   return duration<double>(t.time_since_epoch() + offset).count();
 }
 

@@ -1,9 +1,452 @@
-// `ddprun status` (status_cli.hpp). STUB: owned by a helper.
+// `ddprun status` (status_cli.hpp): its flags, one look at the job in the rendezvous store
+// (three requests: status::read_job), and --watch, which redraws until SIGINT or SIGTERM.
 #include "ddp/launch/status_cli.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/client.hpp"
+#include "ddp/status/job_view.hpp"
 
 namespace ddp::launch {
 
-int run_status_command(const std::vector<std::string>&) { return 2; }
-std::string format_status_table(const status::JobStatus&) { return ""; }
+namespace {
+
+constexpr std::uint16_t kDefaultPort = 29400;  // c10d's, as the launcher's --rdzv-endpoint
+constexpr auto kStoreTimeout = std::chrono::seconds(5);
+
+// The store answers, but holds no such job (exit 1, its own message).
+struct NoJob : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool is_one_of(const std::string& flag, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (flag == n) return true;
+  }
+  return false;
+}
+
+double parse_interval(const std::string& text) {
+  const std::string what = "--interval '" + text + "': expected seconds from 0.1 to 3600";
+  if (text.empty()) throw UsageError(what);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  // !(a <= v) also catches NaN.
+  if (errno != 0 || end != text.c_str() + text.size() || !(v >= 0.1 && v <= 3600)) {
+    throw UsageError(what);
+  }
+  return v;
+}
+
+// The job as the store has it; the run is chosen (the newest) when `run_id` is empty.
+// Throws NoJob when the store holds no such job, ddp::Error when the store fails.
+status::JobStatus look(rdzv::Store& store, std::string& run_id, const std::string& where) {
+  if (run_id.empty()) {
+    const auto runs = status::list_runs(store);
+    if (runs.empty()) {
+      throw NoJob("no ddprun job has published its status to " + where +
+                  " (is a job running with --rdzv-endpoint " + where +
+                  " and --status-interval above 0?)");
+    }
+    run_id = runs.back();
+  }
+  status::JobStatus job = status::read_job(store, run_id, status::unix_now());
+  if (job.nodes.empty()) {
+    std::string seen;
+    for (const auto& r : status::list_runs(store, 5)) seen += (seen.empty() ? "" : ", ") + r;
+    throw NoJob("no ddprun job with run id '" + run_id + "' has published its status to " + where +
+                (seen.empty() ? "" : " (the newest runs there: " + seen + ")"));
+  }
+  return job;
+}
+
+std::string render(const status::JobStatus& job, bool json, bool compact) {
+  return json ? status::to_json(job, compact ? -1 : 2) + "\n" : format_status_table(job);
+}
+
+// Sleeps until `seconds` have passed or SIGINT/SIGTERM (blocked in `set`) arrives: true then.
+bool wait_for_stop(const sigset_t& set, double seconds) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const std::chrono::duration<double> left = deadline - clock::now();
+    if (left.count() <= 0) return false;
+    timespec ts{};
+    ts.tv_sec = static_cast<time_t>(left.count());
+    ts.tv_nsec = static_cast<long>((left.count() - static_cast<double>(ts.tv_sec)) * 1e9);
+    const int sig = ::sigtimedwait(&set, nullptr, &ts);
+    if (sig == SIGINT || sig == SIGTERM) return true;
+    if (sig < 0 && errno == EAGAIN) return false;
+  }
+}
+
+int watch(rdzv::Store& store, const StatusOptions& o, std::string run_id,
+          const std::string& where) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  // Blocked, then taken with sigtimedwait: a signal during a look ends the watch after it.
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  const bool tty = !o.json && ::isatty(STDOUT_FILENO) == 1;
+  for (bool first = true;; first = false) {
+    status::JobStatus job;
+    try {
+      job = look(store, run_id, where);
+    } catch (const Error& e) {
+      std::cerr << "ddprun status: lost the rendezvous store at " << where << ": " << e.what()
+                << "\n";
+      return 1;
+    }
+    const std::string frame = render(job, o.json, true);
+    if (tty) {
+      std::cout << "\x1b[H\x1b[2J" << frame;
+    } else {
+      std::cout << (first || o.json ? "" : "\n") << frame;
+    }
+    std::cout.flush();
+    if (wait_for_stop(set, o.interval_s)) return 0;
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------- the table
+
+namespace {
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+// 3 significant-ish digits: "7.5", "42", "512".
+std::string short_number(double v) { return fixed(v, v < 10 ? 1 : 0); }
+
+std::string human_bytes(std::uint64_t b) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(b);
+  std::size_t u = 0;
+  while (v >= 1024 && u + 1 < std::size(units)) {
+    v /= 1024;
+    ++u;
+  }
+  return (u == 0 ? std::to_string(b) : short_number(v)) + " " + units[u];
+}
+
+// "3.1/80 GiB": both in the unit of the total.
+std::string bytes_pair(std::uint64_t used, std::uint64_t total) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double scale = 1;
+  std::size_t u = 0;
+  while (static_cast<double>(total) / scale >= 1024 && u + 1 < std::size(units)) {
+    scale *= 1024;
+    ++u;
+  }
+  return short_number(static_cast<double>(used) / scale) + "/" +
+         short_number(static_cast<double>(total) / scale) + " " + units[u];
+}
+
+std::string human_duration(double s) {
+  if (!(s > 0)) return "-";
+  if (s < 1) return fixed(s * 1e3, s < 0.01 ? 1 : 0) + " ms";
+  if (s < 60) return fixed(s, 2) + " s";
+  const auto whole = static_cast<long long>(s);
+  char buf[64];
+  if (whole < 3600) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", whole / 60, whole % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", whole / 3600, whole % 3600 / 60);
+  }
+  return buf;
+}
+
+std::string human_rate(double v) {
+  if (!(v > 0)) return "-";
+  if (v < 1000) return fixed(v, v < 100 ? 1 : 0);
+  if (v < 1e6) return fixed(v / 1e3, 1) + "k";
+  return fixed(v / 1e6, 1) + "M";
+}
+
+std::string percent(double frac) { return fixed(frac * 100, 0) + "%"; }
+
+// Control characters (a newline in an error) become spaces.
+std::string one_line(const std::string& text) {
+  std::string out = text;
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  return out;
+}
+
+bool utf8_continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// Characters as a terminal counts them (UTF-8 lead bytes; good enough for hosts and errors).
+std::size_t display_width(const std::string& s) {
+  std::size_t n = 0;
+  for (char c : s) n += utf8_continuation(c) ? 0 : 1;
+  return n;
+}
+
+constexpr std::size_t kMaxError = 60;
+
+std::string truncated(const std::string& text, std::size_t max) {
+  std::string s = one_line(text);
+  if (display_width(s) <= max) return s;
+  std::size_t keep = 0;
+  for (std::size_t chars = 0; keep < s.size(); ++keep) {
+    if (!utf8_continuation(s[keep]) && ++chars > max - 3) break;
+  }
+  return s.substr(0, keep) + "...";
+}
+
+bool alive(const std::string& state) {
+  return state == "starting" || state == "running" || state == "hung";
+}
+
+std::string gpu_cell(const status::RankStatus& r) {
+  if (r.gpu < 0) return "-";
+  std::string s = std::to_string(r.gpu);
+  if (r.gpu_util) s += " " + percent(*r.gpu_util);
+  if (r.gpu_mem_used) {
+    s += " " + (r.gpu_mem_total ? bytes_pair(*r.gpu_mem_used, *r.gpu_mem_total)
+                                : human_bytes(*r.gpu_mem_used));
+  }
+  return s;
+}
+
+std::string step_cell(const status::RankStatus& r) {
+  if (r.step < 0) return "-";
+  return std::to_string(r.step) + (r.total_steps > 0 ? "/" + std::to_string(r.total_steps) : "");
+}
+
+// "host #slot", and what is unusual about the node: lost, or its agent not running.
+std::string node_cell(const status::NodeStatus& n, double now_unix) {
+  std::string s = one_line(n.host.empty() ? "?" : n.host) + " #" + std::to_string(n.slot);
+  if (n.lost) return s + " LOST (silent " + human_duration(now_unix - n.updated_unix) + ")";
+  if (n.state != "running") s += " (" + one_line(n.state) + ")";
+  return s;
+}
+
+struct Column {
+  const char* title;
+  bool right;  // numbers are right-aligned
+};
+
+constexpr Column kColumns[] = {{"NODE", false},     {"RANK", true},      {"LOCAL", true},
+                               {"STATE", false},    {"RESTARTS", true},  {"STEP", true},
+                               {"STEP TIME", true}, {"SAMPLES/S", true}, {"CPU", true},
+                               {"RSS", true},       {"GPU", false},      {"LAST ERROR", false}};
+constexpr std::size_t kNumColumns = std::size(kColumns);
+using Row = std::array<std::string, kNumColumns>;
+
+Row rank_row(const status::RankStatus& r) {
+  const bool live = alive(r.state);
+  return {"",
+          std::to_string(r.rank),
+          std::to_string(r.local_rank),
+          one_line(r.state),
+          std::to_string(r.restarts),
+          step_cell(r),
+          human_duration(r.step_time_s),
+          human_rate(r.samples_per_s),
+          live ? percent(r.cpu_frac) : "-",
+          live && r.rss_bytes > 0 ? human_bytes(r.rss_bytes) : "-",
+          gpu_cell(r),
+          r.last_error.empty() ? "" : truncated(r.last_error, kMaxError)};
+}
+
+std::string header_line(const status::JobStatus& job) {
+  int lost = 0;
+  int max_restarts = 0;
+  for (const auto& n : job.nodes) {
+    lost += n.lost ? 1 : 0;
+    max_restarts = std::max(max_restarts, n.max_restarts);
+  }
+  std::string s = "run " + one_line(job.run_id) + "  state " + one_line(job.state) + "  round " +
+                  (job.round < 0 ? std::string("-") : std::to_string(job.round)) + "  nodes " +
+                  std::to_string(job.members);
+  if (lost > 0) s += " (" + std::to_string(lost) + " lost)";
+  s += "  ranks " + std::to_string(job.ranks) + "  restarts " + std::to_string(job.restarts) + "/" +
+       std::to_string(max_restarts);
+  return s + "\n";
+}
+
+}  // namespace
+
+std::string format_status_table(const status::JobStatus& job) {
+  std::vector<Row> rows;
+  Row title;
+  for (std::size_t c = 0; c < kNumColumns; ++c) title[c] = kColumns[c].title;
+  rows.push_back(title);
+  for (const auto& n : job.nodes) {
+    auto ranks = n.ranks;
+    std::sort(ranks.begin(), ranks.end(),
+              [](const auto& a, const auto& b) { return a.local_rank < b.local_rank; });
+    const std::size_t first = rows.size();
+    for (const auto& r : ranks) rows.push_back(rank_row(r));
+    if (ranks.empty()) {  // between rounds, or not spawned yet: the node alone
+      Row r;
+      r.fill("-");
+      r[3] = n.lost ? "lost" : one_line(n.state);
+      r[11] = n.restarts.empty() ? "" : truncated(n.restarts.back().what, kMaxError);
+      rows.push_back(r);
+    }
+    rows[first][0] = node_cell(n, job.now_unix);
+  }
+  std::array<std::size_t, kNumColumns> width{};
+  for (const auto& r : rows) {
+    for (std::size_t c = 0; c < kNumColumns; ++c) {
+      width[c] = std::max(width[c], display_width(r[c]));
+    }
+  }
+  std::string out = header_line(job);
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < kNumColumns; ++c) {
+      const std::string pad(width[c] - display_width(r[c]), ' ');
+      if (c > 0) line += "  ";
+      line += kColumns[c].right ? pad + r[c] : r[c] + (c + 1 < kNumColumns ? pad : "");
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  if (job.nodes.empty()) out += "(no node has published its status yet)\n";
+  return out;
+}
+
+StatusOptions parse_status_args(const std::vector<std::string>& args) {
+  StatusOptions o;
+  std::optional<std::string> endpoint;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+      return o;
+    }
+    if (a.rfind("-", 0) != 0 || a == "-") {
+      throw UsageError("unexpected argument '" + a + "' (ddprun status takes flags only)");
+    }
+    const auto eq = a.find('=');
+    const std::string flag = a.substr(0, eq);
+    std::optional<std::string> inline_value;
+    if (eq != std::string::npos) inline_value = a.substr(eq + 1);
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
+      return args[++i];
+    };
+    auto no_value = [&]() {
+      if (inline_value) throw UsageError(flag + " takes no value (got '" + *inline_value + "')");
+    };
+    if (is_one_of(flag, {"--rdzv-endpoint", "--rdzv_endpoint"})) {
+      endpoint = value();
+    } else if (is_one_of(flag, {"--run-id", "--run_id", "--rdzv-id", "--rdzv_id"})) {
+      o.run_id = value();
+      if (o.run_id.empty()) throw UsageError(flag + " needs a non-empty run id");
+    } else if (flag == "--watch") {
+      no_value();
+      o.watch = true;
+    } else if (flag == "--json") {
+      no_value();
+      o.json = true;
+    } else if (flag == "--interval") {
+      o.interval_s = parse_interval(value());
+    } else {
+      throw UsageError("unknown flag '" + flag + "' (see ddprun status --help)");
+    }
+  }
+  if (!endpoint) throw UsageError("--rdzv-endpoint HOST[:PORT] is required");
+  try {
+    o.endpoint = rdzv::parse_endpoint(*endpoint, kDefaultPort, "--rdzv-endpoint");
+  } catch (const ConfigError& e) {
+    throw UsageError(e.what());
+  }
+  return o;
+}
+
+std::string status_usage() {
+  return "usage: ddprun status --rdzv-endpoint HOST[:PORT] [--run-id ID] [--watch]\n"
+         "                     [--interval SECONDS] [--json]\n"
+         "\n"
+         "Shows a ddprun job while it runs, from its rendezvous store (a ddprund, or the agent\n"
+         "that hosts the store): each node and rank with its state, restarts, step, step time,\n"
+         "samples/s, CPU, RSS, GPU and last error. The agents publish it every\n"
+         "--status-interval seconds.\n"
+         "\n"
+         "options:\n"
+         "  --rdzv-endpoint HOST[:PORT]  the job's rendezvous store; port 29400 when left out\n"
+         "                               (also --rdzv_endpoint)\n"
+         "  --run-id ID                  the job's --rdzv-id (also --rdzv-id, --rdzv_id,\n"
+         "                               --run_id); default: the newest job the store has seen\n"
+         "  --watch                      refresh until SIGINT (Ctrl-C) or SIGTERM: in place on a\n"
+         "                               terminal, else one table per refresh after a blank line\n"
+         "  --interval SECONDS           time between refreshes with --watch, 0.1 to 3600\n"
+         "                               (default 1)\n"
+         "  --json                       the job as JSON (docs/status.schema.json); with --watch\n"
+         "                               one compact document per line\n"
+         "  -h, --help                   show this help and exit\n"
+         "\n"
+         "exit status: 0 shown (or --watch ended by SIGINT/SIGTERM); 1 the store cannot be\n"
+         "reached or holds no such job; 2 a bad flag\n";
+}
+
+int run_status_command(const std::vector<std::string>& args) {
+  StatusOptions o;
+  try {
+    o = parse_status_args(args);
+  } catch (const Error& e) {
+    std::cerr << "ddprun status: " << e.what() << "\n"
+              << "usage: ddprun status --rdzv-endpoint HOST[:PORT] [--run-id ID] [--watch] "
+                 "[--interval SECONDS] [--json]\n";
+    return 2;
+  }
+  if (o.help) {
+    std::cout << status_usage();
+    return 0;
+  }
+  const std::string where = o.endpoint.str();
+  try {
+    std::unique_ptr<rdzv::StoreClient> store;
+    try {
+      rdzv::ClientOptions co;
+      co.timeout = kStoreTimeout;
+      co.connect_timeout = kStoreTimeout;
+      store = std::make_unique<rdzv::StoreClient>(o.endpoint, co);
+    } catch (const ProtocolError&) {
+      std::cerr << "ddprun status: " << where
+                << " answers, but it is not a ddprun rendezvous store (a torch TCPStore?)\n";
+      return 1;
+    }
+    if (o.watch) return watch(*store, o, o.run_id, where);
+    std::string run_id = o.run_id;
+    std::cout << render(look(*store, run_id, where), o.json, false);
+    std::cout.flush();
+    return 0;
+  } catch (const NoJob& e) {
+    std::cerr << "ddprun status: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun status: cannot reach the rendezvous store at " << where << ": " << e.what()
+              << "\n";
+    return 1;
+  }
+}
 
 }  // namespace ddp::launch

@@ -1,5 +1,6 @@
 // ddprun: the torchrun-compatible launcher. Parses torchrun's command line (and PET_*), then
 // runs the node's agent; the exit code carries the first failure's code or 128 + signal.
+// `ddprun status ...` is the status command (status_cli.hpp), not a launch.
 // Before anything else it records the fds it inherited (the workers get those, no others),
 // becomes the subreaper of its subtree and forks the orphan watcher (descendants.hpp).
 #include <sys/resource.h>
@@ -8,11 +9,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <string_view>
 
 #include "ddp/launch/agent.hpp"
 #include "ddp/launch/agent_error_file.hpp"
 #include "ddp/launch/descendants.hpp"
 #include "ddp/launch/round_workers.hpp"
+#include "ddp/launch/status_cli.hpp"
 #include "ddp/launch/worker_env.hpp"
 #include "ddp/launch/worker_group.hpp"
 #include "ddp/proto/error.hpp"
@@ -34,6 +37,9 @@ long long raise_nofile() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "status") {
+    return ddp::launch::run_status_command(std::vector<std::string>(argv + 2, argv + argc));
+  }
   ddp::launch::AgentProcess process;
   process.inherited_fds = ddp::launch::list_open_fds();  // before ddprun opens any of its own
   std::erase_if(process.inherited_fds, [](int fd) { return fd < 3; });

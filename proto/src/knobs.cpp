@@ -39,6 +39,8 @@ constexpr Knob kKnobs[] = {
      "--virtual-local-rank: when set, each worker's entry of it (torchrun's rule)"},
     {"DDPRUN_NVIDIA_GPUS_DIR", Kind::text, "/proc/driver/nvidia/gpus", "ddprun",
      "where the machine's NVIDIA GPUs are listed (one folder per PCI bus id)"},
+    {"DDPRUN_NVML_LIBRARY", Kind::text, "libnvidia-ml.so.1", "ddprun",
+     "the live status: the NVML library loaded with dlopen for GPU use and memory"},
     {"DDPRUN_HWLOC_XML", Kind::text, "", "ddprun",
      "--numa-binding: an hwloc XML topology to bind by instead of this machine's"},
     {"SLURM_*", Kind::text, "", "ddprun", "Slurm's job and step environment (docs/slurm.md)"},

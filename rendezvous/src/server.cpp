@@ -280,11 +280,51 @@ void StoreServer::stop() {
 std::uint16_t StoreServer::port() const { return impl_->port; }
 const std::string& StoreServer::host() const { return impl_->opts.host; }
 
+// Counters are read relaxed (each exact, not a snapshot of all at one instant); the table's
+// sizes under its lock, held for three loads.
 ServerStats StoreServer::stats() const {
-  const auto& s = impl_->shared;
-  return {s.connections_open.load(), s.connections_total.load(), s.connections_refused.load(),
-          s.requests.load(),         s.protocol_errors.load(),   s.frame_timeouts.load(),
-          s.over_budget.load(),      s.client_bytes.load()};
+  auto& s = impl_->shared;
+  constexpr auto relaxed = std::memory_order_relaxed;
+  ServerStats st;
+  st.connections_open = s.connections_open.load(relaxed);
+  st.connections_total = s.connections_total.load(relaxed);
+  st.connections_refused = s.connections_refused.load(relaxed);
+  st.protocol_errors = s.protocol_errors.load(relaxed);
+  st.frame_timeouts = s.frame_timeouts.load(relaxed);
+  st.over_budget = s.over_budget.load(relaxed);
+  st.client_bytes = s.client_bytes.load(relaxed);
+  for (std::size_t i = 0; i < kOpKinds; ++i) {
+    st.requests_by_op[i] = s.requests[i].load(relaxed);
+    st.requests += st.requests_by_op[i];
+  }
+  st.bytes_received = s.bytes_received.load(relaxed);
+  st.bytes_sent = s.bytes_sent.load(relaxed);
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    st.keys = s.table.num_keys();
+    st.table_bytes = s.table.bytes();
+    st.leases = s.table.num_leases();
+  }
+  return st;
+}
+
+std::string_view op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::set: return "set";
+    case OpKind::compare_set: return "compare_set";
+    case OpKind::get: return "get";
+    case OpKind::add: return "add";
+    case OpKind::check: return "check";
+    case OpKind::wait: return "wait";
+    case OpKind::num_keys: return "num_keys";
+    case OpKind::delete_key: return "delete";
+    case OpKind::append: return "append";
+    case OpKind::multi_get: return "multi_get";
+    case OpKind::multi_set: return "multi_set";
+    case OpKind::lease: return "lease";
+    case OpKind::other: return "other";
+  }
+  return "other";
 }
 
 }  // namespace ddp::rdzv

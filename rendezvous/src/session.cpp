@@ -217,6 +217,7 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
     return;
   }
   in_end_ += n;
+  shared_.bytes_received.fetch_add(n, std::memory_order_relaxed);
   pump();
 }
 
@@ -239,7 +240,8 @@ void Session::process() {
       fail(r.error);
       return;
     }
-    shared_.requests.fetch_add(1, std::memory_order_relaxed);
+    shared_.requests[static_cast<std::size_t>(op_kind(req_.op))].fetch_add(
+        1, std::memory_order_relaxed);
     bool go_on = handle(req_);
     in_begin_ += r.consumed;
     progressed = true;
@@ -379,7 +381,9 @@ void Session::flush() {
   }
   std::swap(out_, writing_);
   asio::async_write(socket_, asio::buffer(writing_),
-                    [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+                    [self = shared_from_this()](const boost::system::error_code& ec,
+                                                std::size_t n) {
+                      self->shared_.bytes_sent.fetch_add(n, std::memory_order_relaxed);
                       self->writing_.clear();
                       if (self->writing_.capacity() > kShrinkAbove || self->closed_) {
                         std::string().swap(self->writing_);

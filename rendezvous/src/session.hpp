@@ -2,6 +2,7 @@
 // lock -> write replies. Also delivers deferred STOP_WAITING replies posted by other threads.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
@@ -14,6 +15,7 @@
 
 #include "ddp/proto/decoder.hpp"
 #include "ddp/rdzv/kv_table.hpp"
+#include "ddp/rdzv/server.hpp"
 #include "ddp/proto/opcodes.hpp"
 
 namespace ddp::rdzv {
@@ -34,7 +36,10 @@ struct SharedState {
   std::atomic<std::size_t> client_excess{0};
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
   std::atomic<std::uint64_t> connections_open{0}, connections_total{0}, connections_refused{0},
-      requests{0}, protocol_errors{0}, frame_timeouts{0}, over_budget{0};
+      protocol_errors{0}, frame_timeouts{0}, over_budget{0};
+  // Counted relaxed, one add per request (by kind), per read and per write: no lock.
+  std::array<std::atomic<std::uint64_t>, kOpKinds> requests{};
+  std::atomic<std::uint64_t> bytes_received{0}, bytes_sent{0};
 
   Millis now() const {
     return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - epoch);

@@ -1,5 +1,6 @@
 // ddprund: the standalone rendezvous store daemon. Serves the c10d TCPStore protocol (torch
-// 2.x and 1.13 clients) plus ddprun's lease extensions until SIGTERM or SIGINT.
+// 2.x and 1.13 clients) plus ddprun's lease extensions until SIGTERM or SIGINT, and the
+// status views of every run in its store over HTTP (docs/status.md).
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
@@ -8,15 +9,46 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/fd_limit.hpp"
 #include "ddp/rdzv/log.hpp"
 #include "ddp/rdzv/server.hpp"
+#include "ddp/status/http_server.hpp"
+#include "ddp/status/views.hpp"
+
+namespace {
+
+// Writes "<port>\n" to a temporary file renamed over `path`: readers never see half of it.
+bool write_port_file(const std::string& path, std::uint16_t port) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp);
+  out << port << "\n";
+  out.close();
+  return out && std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+// Where this process reaches its own store: loopback when it binds every interface.
+std::string local_address(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0") return "127.0.0.1";
+  if (host == "::" || host == "[::]") return "::1";
+  return host;
+}
+
+std::string url_host(const std::string& host) {
+  return host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   ddp::rdzv::ServerOptions opts;
   std::string port_file;
+  std::string http_host, http_port_file;
+  int http_port = 0;
   CLI::App app{"ddprund: c10d TCPStore-compatible rendezvous store daemon"};
   app.add_option("--host", opts.host,
                  "address to bind (only this one; 0.0.0.0 or :: for every interface)")
@@ -63,7 +95,16 @@ int main(int argc, char** argv) {
   app.add_option("--backlog", opts.backlog, "listen backlog (capped by net.core.somaxconn)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--http-host", http_host,
+                 "address of the HTTP status views (/, /api/status, /api/runs, /metrics); "
+                 "default: --host");
+  app.add_option("--http-port", http_port, "their TCP port; 0 picks a free one; -1: no HTTP")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--http-port-file", http_port_file,
+                 "write the bound HTTP port to this file once listening");
   CLI11_PARSE(app, argc, argv);
+  if (http_host.empty()) http_host = opts.host;
   opts.frame_timeout = std::chrono::milliseconds(static_cast<long>(frame_timeout_s * 1000));
 
   // Block the stop signals before any thread starts, so that only sigwait() below sees them.
@@ -80,20 +121,47 @@ int main(int argc, char** argv) {
     ddp::rdzv::StoreServer server(opts);
     server.start();
     std::cout << "ddprund listening on " << opts.host << ":" << server.port() << std::endl;
-    if (!port_file.empty()) {
-      std::string tmp = port_file + ".tmp";
-      std::ofstream out(tmp);
-      out << server.port() << "\n";
-      out.close();
-      // rename: readers never see a half-written file
-      if (!out || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-        log.error("cannot write --port-file {}: {}", port_file, std::strerror(errno));
+    // The views read the store through a client of their own, on the HTTP thread; short
+    // timeouts, since every HTTP connection waits while a request is answered.
+    ddp::status::ViewSources sources;
+    sources.connect = [host = local_address(opts.host), port = server.port()] {
+      ddp::rdzv::ClientOptions co;
+      co.timeout = std::chrono::milliseconds(3000);
+      co.connect_timeout = std::chrono::milliseconds(1000);
+      return std::unique_ptr<ddp::rdzv::Store>(
+          std::make_unique<ddp::rdzv::StoreClient>(host, port, co));
+    };
+    sources.store_stats = [&server] { return server.stats(); };
+    ddp::status::StatusViews views(std::move(sources));
+    std::optional<ddp::status::HttpServer> http;
+    if (http_port >= 0) {
+      ddp::status::HttpOptions ho;
+      ho.host = http_host;
+      ho.port = static_cast<std::uint16_t>(http_port);
+      http.emplace(ho, [&views](const ddp::status::HttpRequest& r) { return views.handle(r); });
+      http->start();
+      std::cout << "ddprund: status page at http://" << url_host(http_host) << ":" << http->port()
+                << "/" << std::endl;
+      if (!http_port_file.empty() && !write_port_file(http_port_file, http->port())) {
+        log.error("cannot write --http-port-file {}: {}", http_port_file, std::strerror(errno));
         return 1;
       }
+    }
+    if (!port_file.empty() && !write_port_file(port_file, server.port())) {
+      log.error("cannot write --port-file {}: {}", port_file, std::strerror(errno));
+      return 1;
     }
     int sig = 0;
     sigwait(&stop_signals, &sig);
     log.info("received signal {}, shutting down", sig);
+    if (http) {
+      http->stop();
+      auto hs = http->stats();
+      log.info(
+          "http: served {} connections, {} requests; refused {} over the limit, closed {} "
+          "for an unfinished request, rejected {} bad requests",
+          hs.connections_total, hs.requests, hs.connections_refused, hs.timeouts, hs.rejected);
+    }
     server.stop();
     auto st = server.stats();
     log.info(

@@ -111,9 +111,10 @@ char* put_int(char* p, char* end, std::int64_t v) { return std::to_chars(p, end,
 }  // namespace
 
 std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view phase,
-                                 std::int64_t unix_us) {
+                                 std::int64_t unix_us, std::int64_t samples, std::int64_t total) {
   char* const end = buf + kProgressLineMax - 1;  // room for the newline
-  constexpr std::string_view kStep = "step=", kPhase = " phase=", kT = " t=";
+  constexpr std::string_view kStep = "step=", kPhase = " phase=", kT = " t=",
+                             kSamples = " samples=", kTotal = " total=";
   char* p = std::copy(kStep.begin(), kStep.end(), buf);
   p = put_int(p, end, step);
   if (!phase.empty()) {
@@ -127,6 +128,14 @@ std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view 
     *p++ = '.';
     const auto us = unix_us % 1000000;  // six digits, zero-padded
     for (std::int64_t d = 100000; d > 0; d /= 10) *p++ = static_cast<char>('0' + (us / d) % 10);
+  }
+  if (samples >= 0) {
+    p = std::copy(kSamples.begin(), kSamples.end(), p);
+    p = put_int(p, end, samples);
+  }
+  if (total >= 0) {
+    p = std::copy(kTotal.begin(), kTotal.end(), p);
+    p = put_int(p, end, total);
   }
   *p++ = '\n';
   return static_cast<std::size_t>(p - buf);
@@ -174,13 +183,14 @@ ProgressWriter ProgressWriter::from_env(const std::optional<std::string>& text, 
   return fd ? open(*fd, why) : ProgressWriter{};
 }
 
-void ProgressWriter::report(std::int64_t step, std::string_view phase) noexcept {
+void ProgressWriter::report(std::int64_t step, std::string_view phase,
+                            std::int64_t samples) noexcept {
   if (fd_ < 0) return;
   timespec ts{};
   ::clock_gettime(CLOCK_REALTIME, &ts);
   char line[kProgressLineMax];
-  const std::size_t n = format_progress_line(line, step, phase,
-                                             std::int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000);
+  const std::int64_t unix_us = std::int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
+  const std::size_t n = format_progress_line(line, step, phase, unix_us, samples, total_);
   const ssize_t r = ::write(fd_, line, n);
   if (r == static_cast<ssize_t>(n)) {
     ++written_;

@@ -94,8 +94,8 @@ class Run {
   void stop_on_signal();
   bool being_stopped() const;
   // Reporting.
-  void phase(const char* word, std::int64_t step) {
-    if (c_.progress != nullptr) c_.progress->report(step, word);
+  void phase(const char* word, std::int64_t step, std::int64_t samples = -1) {
+    if (c_.progress != nullptr) c_.progress->report(step, word, samples);
   }
   void progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double loss, bool end);
   void report(double secs);
@@ -286,6 +286,11 @@ void Run::run_epoch(std::int64_t epoch) {
   const auto nb = static_cast<std::int64_t>((idx.size() + B - 1) / B);
   const std::int64_t log_every =
       o_.log_every > 0 ? o_.log_every : std::max<std::int64_t>(1, nb / 10);
+  if (c_.progress != nullptr) {  // the run's total steps, for the agent's ETA
+    const std::int64_t total = o_.total_epochs * ((nb + K - 1) / K);
+    c_.progress->set_total(o_.max_steps > 0 ? std::min(total, start_.global_step + o_.max_steps)
+                                            : total);
+  }
   EpochLoss loss;
   std::int64_t mb = epoch == start_.epoch ? pos_.step : 0;
   pos_ = {epoch, mb, pos_.global_step};
@@ -347,6 +352,7 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
   const bool faulty = o_.fault.rank == c_.rank;
   phase("compute", n);
   const auto computing = Clock::now();
+  std::int64_t rows_in_step = 0;  // this rank's samples in the step
   try {
     for (; mb < group_end; ++mb) {
       const bool last = mb + 1 == group_end;  // its backward starts the all-reduce
@@ -359,12 +365,13 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
       const float* target = model_.spec().autoencoder ? xb_.data() : yb_.data();
       engine_->micro_batch(xb_.data(), lb_.data(), target, rows, scale, last);
       samples_ += static_cast<std::int64_t>(rows) * c_.world;
+      rows_in_step += static_cast<std::int64_t>(rows);
     }
     if (faulty && o_.fault.kind == FaultKind::slow && n >= o_.fault.step) {
       if (n == o_.fault.step) out() << "ddp-train: DDP_TRAIN_FAULT: slow from step " << n << "\n";
       injected_slow_step(Clock::now() - computing, o_.fault.factor);
     }
-    phase("allreduce", n);
+    phase("allreduce", n, rows_in_step);
     return engine_->step();
   } catch (const Error& e) {
     if (!peer_failed(e)) throw;

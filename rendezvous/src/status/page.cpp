@@ -4,10 +4,10 @@
 namespace ddp::status {
 
 std::string_view status_page_html() {
-  static const char kPage[] = {
+  static const unsigned char kPage[] = {
 #include "page_html.inc"
       0};
-  return std::string_view(kPage, sizeof(kPage) - 1);
+  return std::string_view(reinterpret_cast<const char*>(kPage), sizeof(kPage) - 1);
 }
 
 }  // namespace ddp::status

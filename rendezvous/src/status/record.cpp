@@ -17,12 +17,18 @@ using nlohmann::json;
 namespace {
 
 json rank_json(const RankStatus& r) {
-  json j = {{"local_rank", r.local_rank}, {"rank", r.rank},
-            {"pid", r.pid},               {"state", r.state},
-            {"restarts", r.restarts},     {"step", r.step},
-            {"step_time_s", r.step_time_s}, {"samples_per_s", r.samples_per_s},
-            {"total_steps", r.total_steps}, {"cpu", r.cpu_frac},
-            {"rss_bytes", r.rss_bytes},   {"gpu", r.gpu},
+  json j = {{"local_rank", r.local_rank},
+            {"rank", r.rank},
+            {"pid", r.pid},
+            {"state", r.state},
+            {"restarts", r.restarts},
+            {"step", r.step},
+            {"step_time_s", r.step_time_s},
+            {"samples_per_s", r.samples_per_s},
+            {"total_steps", r.total_steps},
+            {"cpu", r.cpu_frac},
+            {"rss_bytes", r.rss_bytes},
+            {"gpu", r.gpu},
             {"last_error", r.last_error}};
   j["last_exit"] = r.last_exit ? json(*r.last_exit) : json(nullptr);
   j["gpu_util"] = r.gpu_util ? json(*r.gpu_util) : json(nullptr);
@@ -36,7 +42,8 @@ json node_json(const NodeStatus& n) {
   for (const auto& r : n.ranks) ranks.push_back(rank_json(r));
   json restarts = json::array();
   for (const auto& e : n.restarts) {
-    restarts.push_back({{"round", e.round}, {"at", e.at_unix}, {"cause", e.cause}, {"what", e.what}});
+    restarts.push_back(
+        {{"round", e.round}, {"at", e.at_unix}, {"cause", e.cause}, {"what", e.what}});
   }
   json phases = json::array();
   for (const auto& p : n.phases) {
@@ -233,9 +240,9 @@ NodeStatus node_from_json(const std::string& text) {
 std::string to_json(const JobStatus& job, int indent) {
   json nodes = json::array();
   for (const auto& n : job.nodes) nodes.push_back(node_json(n));
-  json j = {{"schema", job.schema},   {"run_id", job.run_id}, {"now", job.now_unix},
-            {"round", job.round},     {"members", job.members}, {"ranks", job.ranks},
-            {"restarts", job.restarts}, {"state", job.state}, {"nodes", std::move(nodes)}};
+  json j = {{"schema", job.schema},     {"run_id", job.run_id},   {"now", job.now_unix},
+            {"round", job.round},       {"members", job.members}, {"ranks", job.ranks},
+            {"restarts", job.restarts}, {"state", job.state},     {"nodes", std::move(nodes)}};
   return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }
 

@@ -80,6 +80,14 @@ struct LaunchConfig {
   double hang_timeout_s = 600;
   std::string on_hang = "report";  // report | dump | restart | stop
   double straggler_factor = 3.0;   // --master-port (or PET_MASTER_PORT) was given
+  // ddprun's own live status (docs/status.md): publishing interval (0: off), the agent's HTTP
+  // views (-1: off; 0: a free port), their address ("": where the store binds), the trace
+  // file ("": none) and the terminal progress line (auto | tty | lines | off).
+  double status_interval_s = 1;
+  int http_port = -1;
+  std::string http_host;
+  std::string trace_path;
+  std::string progress = "auto";
   std::string entrypoint;
   std::vector<std::string> args;
 

@@ -23,8 +23,11 @@ class GpuSampler {
   GpuSampler(const GpuSampler&) = delete;
   GpuSampler& operator=(const GpuSampler&) = delete;
   bool available() const;
-  const std::string& why_not() const;  // why NVML is not available ("" when it is)
-  // Device `index` as NVML numbers it (the physical index); nullopt when unreadable.
+  // Why NVML is not available ("" when it is): "<lib> not found: <dlerror>", "<lib> lacks
+  // <symbol>: <dlerror>" or "nvmlInit_v2 returned <code>: <nvmlErrorString>".
+  const std::string& why_not() const;
+  // Device `index` as NVML numbers it (the physical index); nullopt when unavailable, or when
+  // NVML refuses the index, its utilization or its memory (e.g. a MIG instance's utilization).
   std::optional<GpuReading> read(int index);
 
  private:

@@ -17,6 +17,8 @@
 
 namespace ddp::launch {
 
+class StatusReporter;
+
 // What forming one round gave this node.
 struct Formed {
   Formation kind = Formation::formed;
@@ -91,7 +93,12 @@ struct LifecycleConfig {
   int max_restarts = 0;
   int max_nodes = 1;
   bool solo = false;
+  StatusReporter* status = nullptr;  // the live status (status_reporter.hpp); null: none
 };
+
+// The cause label of what ended a round (status/record.hpp's kCauses).
+std::string cause_of(const RoundEvent& event);
+std::string cause_of(const WorkerExit& exit);
 
 // Runs rounds until a decision ends the job; returns ddprun's exit code.
 int run_lifecycle(const LifecycleConfig& config, RendezvousPort& rdzv, WorkerLauncher& workers,

@@ -23,8 +23,8 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 
 struct ProgressLine {
   std::int64_t step = 0;
-  std::string phase;        // "" when not given
-  std::optional<double> t;  // the worker's own clock, unix seconds
+  std::string phase;          // "" when not given
+  std::optional<double> t;    // the worker's own clock, unix seconds
   std::int64_t samples = -1;  // samples in this step (-1: not given)
   std::int64_t total = -1;    // the run's total steps (-1: not given)
 };
@@ -61,8 +61,8 @@ struct RankProgress {
   // apart); a rank without phases by the interval between steps.
   double clock_at = -1;  // the clock at `step_at`
   std::int64_t step_at = -1;
-  double compute_from = -1;  // the clock where the current compute phase began (-1: none)
-  bool phased = false;       // reported phase "compute" at least once
+  double compute_from = -1;       // the clock where the current compute phase began (-1: none)
+  bool phased = false;            // reported phase "compute" at least once
   std::int64_t samples = -1;      // the last samples= (per step)
   std::int64_t total_steps = -1;  // the last total=
   double unix_at = -1;            // wall clock of the current step's first line

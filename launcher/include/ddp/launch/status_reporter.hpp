@@ -27,7 +27,8 @@
 
 namespace ddp::status {
 class HttpServer;
-}
+class StatusViews;
+}  // namespace ddp::status
 
 namespace ddp::launch {
 
@@ -48,7 +49,7 @@ struct StatusSetup {
   std::string http_host;
   int http_port = -1;
   std::function<rdzv::ServerStats()> hosted_store_stats;  // when this agent hosts the store
-  std::string trace_path;  // --trace FILE ("": none)
+  std::string trace_path;                                 // --trace FILE ("": none)
   ProgressMode progress = ProgressMode::automatic;
   bool summary = true;
 };
@@ -77,7 +78,8 @@ class StatusReporter {
                     int restart_count);
   void workers_started(const std::vector<RankStart>& ranks);
   void worker_exited(int local_rank, int exit_code, const std::string& error, bool failed);
-  void workers_stopped();  // the agent stopped the rest (a restart, a stop)
+  void workers_stopped();     // the agent stopped the rest (a restart, a stop)
+  void hung(int local_rank);  // the hang monitor named this local rank
   void progress(const std::map<int, RankProgress>& ranks);  // by local rank
   void restarting(int round, const std::string& cause, const std::string& what);
   void failure(const std::string& cause);
@@ -88,20 +90,31 @@ class StatusReporter {
   int http_port() const;  // -1 when off
 
  private:
+  struct RankTrace {
+    RankSteps steps;
+    std::int64_t seen_last = -1;  // the last step copied from this round's progress
+  };
+  static constexpr std::size_t kMaxTracePhases = 4096;
+
   void run();
   void sample_and_publish();
-  void write_trace();
+  void draw_progress(const status::NodeStatus& copy, double now);
+  void write_trace(const status::JobStatus& job);
   status::JobStatus final_job();
+  NodeTrace node_trace() const;
 
   StatusSetup s_;
   mutable std::mutex mu_;
   status::NodeStatus node_;
-  std::map<int, RankSteps> steps_;  // by local rank, for the trace
+  std::vector<status::Phase> all_phases_;  // every phase for the trace (the record keeps fewer)
+  std::map<int, RankTrace> steps_;         // by local rank, for the trace
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;
-  std::unique_ptr<rdzv::StoreClient> store_;  // the publishing thread's (and finish's)
+  std::unique_ptr<rdzv::StoreClient> store_;    // the publishing thread's (and finish's)
+  std::unique_ptr<status::StatusViews> views_;  // used on the HTTP thread only
   std::unique_ptr<status::HttpServer> http_;
+  bool tty_line_ = false;  // a progress line is on the terminal (ended before the summary)
   struct Sampler;
   std::unique_ptr<Sampler> sampler_;
   double started_ = 0;

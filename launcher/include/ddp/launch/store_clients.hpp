@@ -6,6 +6,8 @@
 //               reply is a missed beat anyway; 10 s to connect (the store is up by then);
 //   watcher:    holds one WAIT for a whole round (renewed each day): its replies are bounded
 //               by that WAIT, not by read_timeout; connecting as the rendezvous client does.
+//   status:     the live status's publisher (one SET per interval) and its HTTP views: 10 s
+//               to connect and for each reply (a view is never worth waiting longer for).
 #pragma once
 
 #include <chrono>
@@ -15,7 +17,7 @@
 namespace ddp::launch {
 
 struct StoreClients {
-  rdzv::ClientOptions rendezvous, liveness, watcher;
+  rdzv::ClientOptions rendezvous, liveness, watcher, status;
 };
 
 inline StoreClients store_clients(std::chrono::milliseconds read_timeout,
@@ -28,6 +30,8 @@ inline StoreClients store_clients(std::chrono::milliseconds read_timeout,
   c.liveness.connect_timeout = std::chrono::seconds(10);
   c.watcher.timeout = read_timeout;
   c.watcher.connect_timeout = join_timeout;
+  c.status.timeout = std::chrono::seconds(10);
+  c.status.connect_timeout = std::chrono::seconds(10);
   return c;
 }
 

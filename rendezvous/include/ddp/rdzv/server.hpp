@@ -2,11 +2,13 @@
 // it on the master node) and wrapped by the ddprund daemon. Asio stays behind the pimpl.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "ddp/proto/opcodes.hpp"
 
@@ -37,15 +39,67 @@ struct ServerOptions {
   std::size_t max_leases_per_connection = 1024;
 };
 
+// Requests as the server's counters group them (the `op` label of the store metrics).
+enum class OpKind : std::uint8_t {
+  set,  // SET, SET_WITH_LEASE
+  compare_set,
+  get,
+  add,
+  check,
+  wait,  // WAIT, BARRIER
+  num_keys,
+  delete_key,
+  append,
+  multi_get,
+  multi_set,
+  lease,  // LEASE_GRANT, LEASE_KEEPALIVE, LEASE_REVOKE, LEASE_WILL
+  other,  // VALIDATE, HELLO, PING, CANCEL_WAIT, the queue ops, LIST_KEYS
+};
+inline constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::other) + 1;
+
+constexpr OpKind op_kind(proto::Op op) {
+  using proto::Op;
+  switch (op) {
+    case Op::set:
+    case Op::set_with_lease: return OpKind::set;
+    case Op::compare_set: return OpKind::compare_set;
+    case Op::get: return OpKind::get;
+    case Op::add: return OpKind::add;
+    case Op::check: return OpKind::check;
+    case Op::wait:
+    case Op::barrier: return OpKind::wait;
+    case Op::num_keys: return OpKind::num_keys;
+    case Op::delete_key: return OpKind::delete_key;
+    case Op::append: return OpKind::append;
+    case Op::multi_get: return OpKind::multi_get;
+    case Op::multi_set: return OpKind::multi_set;
+    case Op::lease_grant:
+    case Op::lease_keepalive:
+    case Op::lease_revoke:
+    case Op::lease_will: return OpKind::lease;
+    default: return OpKind::other;
+  }
+}
+
+// "set", "compare_set", "get", "add", "check", "wait", "num_keys", "delete", "append",
+// "multi_get", "multi_set", "lease", "other".
+std::string_view op_kind_name(OpKind kind);
+
 struct ServerStats {
   std::uint64_t connections_open = 0;
   std::uint64_t connections_total = 0;
   std::uint64_t connections_refused = 0;  // over max_connections
-  std::uint64_t requests = 0;
-  std::uint64_t protocol_errors = 0;  // connections closed for a bad request
-  std::uint64_t frame_timeouts = 0;   // closed: a request not finished within frame_timeout
-  std::uint64_t over_budget = 0;      // closed: over max_connection_bytes or max_client_bytes
-  std::uint64_t client_bytes = 0;     // held for all connections now (input, replies, waits)
+  std::uint64_t requests = 0;             // the sum of requests_by_op
+  std::uint64_t protocol_errors = 0;      // connections closed for a bad request
+  std::uint64_t frame_timeouts = 0;       // closed: a request not finished within frame_timeout
+  std::uint64_t over_budget = 0;          // closed: over max_connection_bytes or max_client_bytes
+  std::uint64_t client_bytes = 0;         // held for all connections now (input, replies, waits)
+  std::array<std::uint64_t, kOpKinds> requests_by_op{};  // indexed by OpKind
+  std::uint64_t bytes_received = 0;                      // read from clients, since start
+  std::uint64_t bytes_sent = 0;                          // written to clients, since start
+  std::uint64_t keys = 0;                                // in the table now
+  std::uint64_t table_bytes = 0;  // keys, values and queued items now (max_store_bytes' count)
+  std::uint64_t leases = 0;       // live leases now
 };
 
 class StoreServer {

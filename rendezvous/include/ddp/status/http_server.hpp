@@ -18,30 +18,55 @@ struct HttpRequest {
 };
 
 struct HttpResponse {
-  int status = 200;
+  int status = 200;  // 100..599; anything else is sent as 500
   std::string content_type = "text/plain; charset=utf-8";
-  std::string body;
+  std::string body;  // a HEAD request gets its Content-Length and no body
 };
 
+// Called on the server's thread only, one request at a time: it may block (a store read), but
+// every other connection waits meanwhile, so keep its own timeouts short. An exception it
+// throws is answered 500 with no detail (the message goes to the "status" log).
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;  // 0: the OS picks one; read it back with port()
+  // Connections served at once; one more is accepted, answered 503 and closed.
   std::size_t max_connections = 64;
-  std::size_t max_request_bytes = 16 * 1024;  // request line and headers
+  // Request line and headers; over it: 431 and the connection closes. Bodies are refused (413).
+  std::size_t max_request_bytes = 16 * 1024;
+  // From the connection's start or its last reply to a complete request head; past it the
+  // connection closes (slowloris, idle keep-alive connections).
   std::chrono::milliseconds request_timeout{5000};
+  // To send one reply to a client that reads slowly; past it the connection closes.
+  std::chrono::milliseconds write_timeout{30000};
+};
+
+// Counters since start(), readable from any thread.
+struct HttpStats {
+  std::uint64_t connections_open = 0;
+  std::uint64_t connections_total = 0;    // accepted and served
+  std::uint64_t connections_refused = 0;  // over max_connections (503)
+  std::uint64_t requests = 0;             // replies sent, errors included
+  std::uint64_t timeouts = 0;             // closed: no complete request within request_timeout
+  std::uint64_t rejected = 0;             // malformed, too large, with a body, or not GET/HEAD
+  std::uint64_t handler_errors = 0;       // the handler threw (500)
 };
 
 class HttpServer {
  public:
   HttpServer(HttpOptions options, HttpHandler handler);
-  ~HttpServer();
+  ~HttpServer();  // stop()
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
-  void start();  // binds and starts the thread; throws ddp::IoError naming the address
-  void stop();   // idempotent
-  std::uint16_t port() const;
+  // Binds and starts the thread; throws ddp::IoError "cannot listen for HTTP on HOST:PORT: ..."
+  // (once only: a second call is a ddp::ConfigError).
+  void start();
+  // Closes the listener and every connection and joins the thread; idempotent. A handler that
+  // is running finishes first.
+  void stop();
+  std::uint16_t port() const;  // the bound port (0 before start())
+  HttpStats stats() const;
 
  private:
   struct Impl;

@@ -54,9 +54,10 @@ struct RestartEvent {
   std::string what;   // the agent's one-line description
 };
 
-// Failure causes, as the metrics label them.
-inline constexpr const char* kCauses[] = {"exitcode", "signal", "oom", "hang", "node_lost",
-                                          "spawn", "store_lost", "other"};
+// Failure and restart causes, as the metrics label them (node_joined: an elastic re-form).
+inline constexpr const char* kCauses[] = {"exitcode", "signal",     "oom",
+                                          "hang",     "node_lost",  "node_joined",
+                                          "spawn",    "store_lost", "other"};
 
 struct NodeStatus {
   int schema = kSchemaVersion;
@@ -67,8 +68,8 @@ struct NodeStatus {
   int agent_pid = 0;
   // agent state: rendezvous, running, restarting, stopping, succeeded, failed, stopped
   std::string state = "rendezvous";
-  int round = -1;        // rendezvous round number (-1: none formed yet)
-  int group_rank = -1;   // this node's rank in the round
+  int round = -1;       // rendezvous round number (-1: none formed yet)
+  int group_rank = -1;  // this node's rank in the round
   int group_world_size = 0;
   int world_size = 0;
   int restart_count = 0;
@@ -97,7 +98,7 @@ struct JobStatus {
   int round = -1;
   int members = 0;
   int ranks = 0;
-  int restarts = 0;  // the highest restart_count of any node
+  int restarts = 0;   // the highest restart_count of any node
   std::string state;  // running, rendezvous, restarting, succeeded, failed, stopped, mixed
 };
 
@@ -105,7 +106,7 @@ bool final_state(const std::string& node_state);  // succeeded, failed, stopped
 // Marks lost nodes (at `now_unix`) and fills JobStatus's derived fields.
 void fill_derived(JobStatus& job);
 
-std::string to_json(const NodeStatus& n);  // compact; a few hundred bytes per rank
+std::string to_json(const NodeStatus& n);            // compact; a few hundred bytes per rank
 NodeStatus node_from_json(const std::string& text);  // throws ddp::ProtocolError naming the field
 std::string to_json(const JobStatus& j, int indent = -1);
 JobStatus job_from_json(const std::string& text);  // throws ddp::ProtocolError

@@ -1,11 +1,12 @@
 // A worker's progress to its agent: ddprun hands each worker the write end of a non-blocking
 // pipe and names it in DDPRUN_PROGRESS_FD (the line protocol is the agent's,
 // launcher/include/ddp/launch/progress.hpp). ProgressWriter writes one short line per call,
-// "step=<n> phase=<word> t=<unix seconds>\n", with one write(2) and no allocation. It never
-// blocks and never throws: a full pipe drops the line (the next one carries the absolute step
-// again), and a pipe whose reader is gone (EPIPE) or a descriptor closed under it turns the
-// writer off. SIGPIPE: a write after the agent closed its end raises it, so the process must
-// ignore SIGPIPE (ddp-train's main does, as CPython does at start) to get EPIPE instead.
+// "step=<n> phase=<word> t=<unix seconds>[ samples=<n>][ total=<n>]\n" (samples: this rank's
+// samples in the step; total: the run's steps, for the ETA), with one write(2) and no
+// allocation. It never blocks and never throws: a full pipe drops the line (the next one carries
+// the absolute step again), and a pipe whose reader is gone (EPIPE) or a descriptor closed under
+// it turns the writer off. SIGPIPE: a write after the agent closed its end raises it, so the
+// process must ignore SIGPIPE (ddp-train's main does, as CPython does at start) to get EPIPE.
 #pragma once
 
 #include <cstddef>
@@ -17,13 +18,14 @@
 namespace ddp::worker {
 
 // A line is at most this long (well under PIPE_BUF, so a write of it is atomic).
-inline constexpr std::size_t kProgressLineMax = 96;
+inline constexpr std::size_t kProgressLineMax = 160;
 
-// Pure: "step=<step>[ phase=<phase>][ t=<s>.<us>]\n" into buf (kProgressLineMax bytes); returns
-// its length. An empty phase or a negative unix_us leaves that part out; a phase longer than 32
-// characters is cut there.
+// Pure: "step=<step>[ phase=<phase>][ t=<s>.<us>][ samples=<n>][ total=<n>]\n" into buf
+// (kProgressLineMax bytes); returns its length. An empty phase or a negative unix_us, samples
+// or total leaves that part out; a phase longer than 32 characters is cut there.
 std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view phase,
-                                 std::int64_t unix_us);
+                                 std::int64_t unix_us, std::int64_t samples = -1,
+                                 std::int64_t total = -1);
 
 // Pure: DDPRUN_PROGRESS_FD's text as a descriptor number (3 and up: 0-2 are the standard
 // streams), or nullopt with `why` naming the variable and what is wrong.
@@ -41,13 +43,17 @@ class ProgressWriter {
   static ProgressWriter from_env(const std::optional<std::string>& text, std::string* why);
 
   bool on() const { return fd_ >= 0; }
-  // One line, stamped with CLOCK_REALTIME: one write(2). Never blocks, never throws.
-  void report(std::int64_t step, std::string_view phase) noexcept;
+  // The run's total steps, on every line from now on as total=<n> (negative: none).
+  void set_total(std::int64_t total) noexcept { total_ = total; }
+  // One line, stamped with CLOCK_REALTIME: one write(2). Never blocks, never throws. samples:
+  // the samples this rank processed in the step (negative: not said).
+  void report(std::int64_t step, std::string_view phase, std::int64_t samples = -1) noexcept;
   std::uint64_t written() const { return written_; }
   std::uint64_t dropped() const { return dropped_; }  // the pipe was full
 
  private:
   int fd_ = -1;
+  std::int64_t total_ = -1;
   std::uint64_t written_ = 0;
   std::uint64_t dropped_ = 0;
 };
