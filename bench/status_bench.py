@@ -13,7 +13,7 @@
      processes) each re-publishing its record every second, as agents do. Anchor: the 100 ms
      target for /api/status.
 Usage: scripts/loopback_only.sh python3 bench/status_bench.py \\
-         [--bin build/bin] [--reps 3] [--steps 3000] [--nodes 1024] [--requests 50] \\
+         [--bin build/bin] [--reps 3] [--steps 6000] [--nodes 1024] [--requests 50] \\
          [--out bench/results/status_bench.json] [--only a|b]
 (any python3 >= 3.8; the simulated agents speak the store's wire protocol themselves.)"""
 import argparse
@@ -34,6 +34,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 FMNIST = "/usr/share/datasets/fashion-mnist"
 GIB = 1 << 30
+KEYS = "/ddprun/status/"  # job_view.hpp's root (with torch's "/", so torch clients reach it)
 
 
 def env_clean(**kw):
@@ -138,9 +139,9 @@ def node_record(run_id, slot, nodes, seq, now):
 
 
 class RawStore:
-    """A minimal torch 2.x TCPStore client (docs/wire_protocol.md): torch's own client puts "/"
-    before every key, while ddprun's status keys have none. SET and APPEND get no reply; ADD
-    answers with the new value, so it also marks the end of what was pipelined before it."""
+    """A minimal torch 2.x TCPStore client (docs/wire_protocol.md), light enough for 1024 of
+    them in a few processes. SET and APPEND get no reply; ADD answers with the new value, so
+    it also marks the end of what was pipelined before it."""
 
     def __init__(self, port):
         self.s = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -181,7 +182,7 @@ def publisher_main(port, run_id, first, count, nodes):
         seq += 1
         for i, c in enumerate(clients):
             slot = first + i
-            c.set(f"ddprun/status/{run_id}/node/{slot}",
+            c.set(f"{KEYS}{run_id}/node/{slot}",
                   node_record(run_id, slot, nodes, seq, time.time()))
             sets += 1
             lag = tick + (i + 1) / count - time.time()
@@ -225,11 +226,11 @@ def simulated_job(bin_dir, work, nodes, requests, procs=4):
         w = RawStore(d.port)
         now = time.time()
         for slot in range(nodes):
-            w.set(f"ddprun/status/{run_id}/node/{slot}", node_record(run_id, slot, nodes, 1, now))
-        w.add(f"ddprun/status/{run_id}/slots", nodes)
-        w.set(f"ddprun/status/{run_id}/index", "".join(f"{s}," for s in range(nodes)))
-        w.append("ddprun/status/runs", run_id + "\n")
-        w.add(f"ddprun/status/{run_id}/slots", 0)  # a reply: everything before it landed
+            w.set(f"{KEYS}{run_id}/node/{slot}", node_record(run_id, slot, nodes, 1, now))
+        w.add(f"{KEYS}{run_id}/slots", nodes)
+        w.set(f"{KEYS}{run_id}/index", "".join(f"{s}," for s in range(nodes)))
+        w.append(KEYS + "runs", run_id + "\n")
+        w.add(f"{KEYS}{run_id}/slots", 0)  # a reply: everything before it landed
         res = {"nodes": nodes, "ranks": 4 * nodes,
                "record_bytes": len(node_record(run_id, 0, nodes, 1, now))}
         res["at_rest"] = measure_views(bin_dir, d, run_id, nodes, requests, 10)
@@ -262,6 +263,7 @@ def simulated_job(bin_dir, work, nodes, requests, procs=4):
 
 # ------------------------------------------------------------------- (a) the 2 x 2 overhead
 
+BATCH = 64  # per rank
 LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) loss \S+ samples/s (\d+)")
 
 
@@ -294,7 +296,8 @@ class Agent:
             if m:  # ddp-train's rank 0: its rate is over all samples since it started training
                 epoch, mb, nb, rate = (int(g) for g in m.groups())
                 step = (epoch - 1) * nb + mb
-                self.progress.append((time.time(), step, step / rate if rate else 0.0))
+                seconds = step * BATCH * 4 / rate if rate else 0.0  # 4 ranks, full batches
+                self.progress.append((time.time(), step, seconds))
 
     def wait(self, bound):
         try:
@@ -327,16 +330,22 @@ def sample_rss(agents, stop, out):
             return
 
 
-def poll_views(ports, stop, counts):
+def poll_views(ports, stop, counts, failures):
     """GETs /api/status and /metrics of every HTTP port once a second until `stop`."""
     while not stop.wait(1.0):
         for port in [p for p in ports() if p]:
             for path in ("/api/status", "/metrics"):
                 try:
-                    _, code, _ = http_get(port, path, timeout=5)
-                    counts[code == 200] += 1
-                except OSError:
-                    counts[False] += 1
+                    _, code, body = http_get(port, path, timeout=5)
+                    error = None if code == 200 else f"HTTP {code}"
+                    if code == 200 and path == "/api/status":
+                        job = json.loads(body)
+                        counts["ranks"] = max(counts["ranks"], job.get("ranks", 0))
+                except OSError as e:
+                    error = str(e)
+                counts[error is None] += 1
+                if error:
+                    failures.append((time.time(), port, path, error))
 
 
 def one_job(bin_dir, work, on, steps, rep):
@@ -344,16 +353,16 @@ def one_job(bin_dir, work, on, steps, rep):
     snap = os.path.join(work, f"snap-{rep}-{int(on)}.ddp")
     # 51200 samples: 200 full batches of 64 per rank and epoch, so samples = steps * 256.
     train_args = ["--data", FMNIST, "--train-subset", "51200", "--threads", "1",
-                  "--batch-size", "64", "--max-steps", str(steps), "--log-every", "100",
+                  "--batch-size", str(BATCH), "--max-steps", str(steps), "--log-every", "100",
                   "--no-eval", "--snapshot", snap, "100000", "0"]
-    stop, counts = threading.Event(), {True: 0, False: 0}
+    stop, counts, failures = threading.Event(), {True: 0, False: 0, "ranks": 0}, []
     agents, threads, rss = [], [], [[], []]
     try:
         agents = [Agent(bin_dir, d.port, f"ab{rep}{int(on)}", on, train_args) for _ in range(2)]
         threads.append(threading.Thread(target=sample_rss, args=(agents, stop, rss)))
         if on:
             threads.append(threading.Thread(target=poll_views, args=(
-                lambda: [d.http_port] + [a.http_port for a in agents], stop, counts)))
+                lambda: [d.http_port] + [a.http_port for a in agents], stop, counts, failures)))
         for t in threads:
             t.start()
         for a in agents:
@@ -369,10 +378,14 @@ def one_job(bin_dir, work, on, steps, rep):
     if any(a.proc.returncode != 0 for a in agents) or len(progress) < 4:
         tail = "".join(agents[0].lines[-30:] + agents[1].lines[-30:]) if agents else ""
         raise SystemExit(f"status_bench: the 2 x 2 job failed (on={on}):\n{tail}")
-    if on and (counts[False] or not counts[True] or not all(a.http_port for a in agents)):
-        raise SystemExit(f"status_bench: the live views did not answer: {counts}")
     # Steady state: from the second progress line (warm-up left out) to the last.
     (t1, s1, at1), (t2, s2, at2) = progress[1], progress[-1]
+    # Agents that finished training close their HTTP port: only failures before then count.
+    failed = [f for f in failures if f[0] <= t2]
+    if on and (failed or not counts[True] or not all(a.http_port for a in agents)):
+        raise SystemExit(f"status_bench: the live views did not answer: {failed[:5]}")
+    if on and counts["ranks"] != 4:
+        raise SystemExit(f"status_bench: no view showed the job's 4 ranks ({counts})")
     growth = []
     for samples in rss:
         inside = [b for t, b in samples if t1 <= t <= t2]
@@ -389,7 +402,7 @@ def overhead(bin_dir, work, reps, steps):
             runs[mode].append(one_job(bin_dir, work, mode == "on", steps, rep))
             print(f"status_bench: 2x2 rep {rep} {mode}: {runs[mode][-1]}", file=sys.stderr)
     med = {m: statistics.median(r["step_ms"] for r in v) for m, v in runs.items()}
-    out = {"steps": steps, "batch_per_rank": 64, "reps": reps}
+    out = {"steps": steps, "batch_per_rank": BATCH, "reps": reps}
     for m, v in runs.items():
         pairs = [p for r in v for p in r["rss"]]
         growth = [end - start for start, end in pairs]
@@ -435,7 +448,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build/bin"))
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--nodes", type=int, default=1024)
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--only", choices=("a", "b"))

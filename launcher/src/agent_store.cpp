@@ -109,10 +109,8 @@ std::string static_master_addr(const std::string& host) {
   return host;
 }
 
-bool is_worker_key(std::string_view key) {
-  // The agents' own: the rendezvous's keys and the live status's (status/job_view.hpp).
-  return key.rfind("/ddprun/", 0) != 0 && key.rfind("ddprun/status/", 0) != 0;
-}
+// The agents' own keys: the rendezvous's and the live status's (/ddprun/status/, job_view.hpp).
+bool is_worker_key(std::string_view key) { return key.rfind("/ddprun/", 0) != 0; }
 
 // Python's socket.getfqdn(): gethostbyaddr() of the hostname's first address, then the first
 // of its name and aliases with a dot.

@@ -180,7 +180,7 @@ std::string format_exit_summary(const status::JobStatus& job, double wall_s, int
   }
   if (!rows.empty()) {
     std::vector<std::vector<std::string>> t = {
-        {"rank", "node", "local", "state", "restarts", "step", "exit", "error"}};
+        {"rank", "node", "local", "state", "restarts", "step", "exit", "last error"}};
     for (const auto& x : rows) {
       t.push_back({std::to_string(x.r->rank), node_name(*x.n), std::to_string(x.r->local_rank),
                    shown_state(x), std::to_string(x.r->restarts),

@@ -380,23 +380,22 @@ void Session::flush() {
     return;
   }
   std::swap(out_, writing_);
-  asio::async_write(socket_, asio::buffer(writing_),
-                    [self = shared_from_this()](const boost::system::error_code& ec,
-                                                std::size_t n) {
-                      self->shared_.bytes_sent.fetch_add(n, std::memory_order_relaxed);
-                      self->writing_.clear();
-                      if (self->writing_.capacity() > kShrinkAbove || self->closed_) {
-                        std::string().swap(self->writing_);
-                      }
-                      self->account();
-                      if (ec) {
-                        logger("rdzv").debug("connection {}: write failed: {}", self->peer(),
-                                             ec.message());
-                        self->close();
-                        return;
-                      }
-                      self->pump();  // input held back by a full reply buffer goes on now
-                    });
+  asio::async_write(
+      socket_, asio::buffer(writing_),
+      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
+        self->shared_.bytes_sent.fetch_add(n, std::memory_order_relaxed);
+        self->writing_.clear();
+        if (self->writing_.capacity() > kShrinkAbove || self->closed_) {
+          std::string().swap(self->writing_);
+        }
+        self->account();
+        if (ec) {
+          logger("rdzv").debug("connection {}: write failed: {}", self->peer(), ec.message());
+          self->close();
+          return;
+        }
+        self->pump();  // input held back by a full reply buffer goes on now
+      });
 }
 
 void Session::close() {

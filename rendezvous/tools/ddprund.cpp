@@ -154,20 +154,20 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     log.info("received signal {}, shutting down", sig);
-    if (http) {
-      http->stop();
-      auto hs = http->stats();
-      log.info(
-          "http: served {} connections, {} requests; refused {} over the limit, closed {} "
-          "for an unfinished request, rejected {} bad requests",
-          hs.connections_total, hs.requests, hs.connections_refused, hs.timeouts, hs.rejected);
-    }
+    if (http) http->stop();  // first: its views hold a client of the store
     server.stop();
     auto st = server.stats();
     log.info(
         "served {} connections, {} requests; closed {} for protocol errors, {} for an "
         "unfinished request, {} over a memory budget",
         st.connections_total, st.requests, st.protocol_errors, st.frame_timeouts, st.over_budget);
+    if (http) {
+      const auto hs = http->stats();
+      log.info(
+          "http: {} connections, {} replies; {} refused over the connection limit, {} timed "
+          "out, {} bad requests",
+          hs.connections_total, hs.requests, hs.connections_refused, hs.timeouts, hs.rejected);
+    }
   } catch (const ddp::Error& e) {
     log.error("{}", e.what());
     return ddp::exit_code(e.code());  // 2 for a bad setting, 1 for the rest

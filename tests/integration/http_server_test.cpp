@@ -97,7 +97,7 @@ TEST_CASE("http: GET is answered with a body, the path and the query", "[integra
   CHECK(read_reply(s).status == 404);
 }
 
-TEST_CASE("http: HEAD has the length and no body; keep-alive serves two requests",
+TEST_CASE("http: HEAD has the length and no body; keep-alive and pipelined requests",
           "[integration][http]") {
   Fixture f;
   RawSocket s(f.port());
@@ -111,8 +111,12 @@ TEST_CASE("http: HEAD has the length and no body; keep-alive serves two requests
   CHECK(second.status == 200);
   CHECK(second.body == "hello /second\n");
   CHECK(f.seen().at(0).method == "HEAD");
+  // Two requests in one packet (pipelined): answered in order.
+  REQUIRE(s.send(get("/p1") + get("/p2")));
+  CHECK(read_reply(s).body == "hello /p1\n");
+  CHECK(read_reply(s).body == "hello /p2\n");
   CHECK(f.server.stats().connections_total == 1);
-  CHECK(f.server.stats().requests == 2);
+  CHECK(f.server.stats().requests == 4);
   CHECK_FALSE(s.closed_by_peer(100ms));
 }
 

@@ -12,7 +12,7 @@
 namespace ddp::status {
 
 namespace {
-const std::string kRoot = "ddprun/status/";
+const std::string kRoot = "/ddprun/status/";
 std::string run_prefix(const std::string& run_id) { return kRoot + run_id + "/"; }
 }  // namespace
 

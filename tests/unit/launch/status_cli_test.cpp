@@ -212,8 +212,7 @@ TEST_CASE("status flags: errors name the flag", "[status_cli]") {
   CHECK(parse_status_args({"--rdzv-endpoint=h", "--interval", "3600"}).interval_s == 3600);
 }
 
-TEST_CASE("status command: bad flags exit 2, --help 0, before any connection", "[status_cli]") {
+TEST_CASE("status command: bad flags exit 2, before any connection", "[status_cli]") {
   CHECK(ddp::launch::run_status_command({"--bogus"}) == 2);
   CHECK(ddp::launch::run_status_command({"--rdzv-endpoint=h", "--interval=0"}) == 2);
-  CHECK(ddp::launch::run_status_command({"--help"}) == 0);
 }

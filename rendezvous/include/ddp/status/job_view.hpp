@@ -1,11 +1,13 @@
 // Where the status records live in the rendezvous store, and how they are written and read
 // with O(1) store operations: a node publishes with one SET per interval; a reader gets the
 // whole job with three requests (CHECK, GET of the index, one MULTI_GET), whatever its size.
-//   ddprun/status/runs                 run ids, one per line (APPENDed by each run's first agent)
-//   ddprun/status/<run>/slots          ADD counter: each agent takes a slot once
-//   ddprun/status/<run>/index          "<slot>," APPENDed after the slot's first record
-//   ddprun/status/<run>/node/<slot>    the node's record (record.hpp), SET every interval
-//   ddprun/status/<run>/trace/<slot>   the node's trace events, SET once at exit (trace.hpp)
+// Keys start with '/' because torch's TCPStore client puts one in front of every key: a Python
+// client names them without it (store.get("ddprun/status/runs")).
+//   /ddprun/status/runs                 run ids, one per line (APPENDed by each run's first agent)
+//   /ddprun/status/<run>/slots          ADD counter: each agent takes a slot once
+//   /ddprun/status/<run>/index          "<slot>," APPENDed after the slot's first record
+//   /ddprun/status/<run>/node/<slot>    the node's record (record.hpp), SET every interval
+//   /ddprun/status/<run>/trace/<slot>   the node's trace events, SET once at exit (trace.hpp)
 #pragma once
 
 #include <string>
