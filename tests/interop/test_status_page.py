@@ -314,10 +314,9 @@ def test_page_follows_a_restarting_job(browser, launcher, tmp_path):
     browser.execute_script(OBSERVE_JS)
 
     # Kill one worker: ours (its command line names our script), by its pid alone.
-    victim = next(r for n in api(http, run_id)["nodes"] for r in n["ranks"] if r["rank"] == 3)
-    victim_node = next(n for n in api(http, run_id)["nodes"]
-                       if any(r["pid"] == victim["pid"] for r in n["ranks"]))
-    slot, local, pid = victim_node["slot"], victim["local_rank"], victim["pid"]
+    slot, local, pid = next((n["slot"], r["local_rank"], r["pid"])
+                            for n in api(http, run_id)["nodes"] for r in n["ranks"]
+                            if r["rank"] == 3)
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         assert str(script).encode() in f.read()
     launcher.worker_pids.append((pid, str(script)))
