@@ -433,9 +433,12 @@ def table(res):
         for phase in ("at_rest", "live"):
             for what, t in s[phase].items():
                 if isinstance(t, dict):
-                    rows.append((f"{s['nodes']} nodes {phase}: {what}",
+                    size = f" ({t['bytes'] / 2**20:.1f} MiB)" if "bytes" in t else ""
+                    rows.append((f"{s['nodes']} nodes {phase}: {what}{size}",
                                  f"{t['median_ms']} ms (p95 {t['p95_ms']})",
                                  f"{t['median_ms'] / 100:.3f} x 100 ms"))
+        rows.append((f"{s['nodes']} nodes live: records published",
+                     f"{s['live']['publish_sets_per_s']}/s", f"wanted {s['nodes']}/s"))
     w = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:<{w}}  {b:>24}  {c}" for a, b, c in rows)
 

@@ -152,7 +152,7 @@ SpawnResult LocalRound::start(const GroupInfo& group) {
   }
   workers_ = std::make_unique<WorkerGroup>(
       WorkerGroup::Options{s_.process.inherited_fds, s_.process.nofile_soft});
-  if (s_.hang.enabled() || s_.timer) progress_ = std::make_unique<ProgressReader>();
+  if (s_.hang.enabled() || s_.timer || s_.status) progress_ = std::make_unique<ProgressReader>();
   SpawnPlan plan{s_.config, group, s_.agent_env, s_.prefix_template, s_.host, s_.nproc};
   plan.progress = progress_.get();
   SpawnResult result = spawn_workers(plan, *pump_, *workers_, s_.sigfd);

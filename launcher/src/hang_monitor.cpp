@@ -239,10 +239,11 @@ void HangMonitor::answer_trigger(std::uint64_t epoch) {
 
 std::optional<HangAction> HangMonitor::check(SteadyTime now) {
   expire_timers();
-  if (now < next_check_ || !s_.settings.enabled()) return std::nullopt;
+  if (now < next_check_) return std::nullopt;
   next_check_ = now + interval_;
+  // Progress is drained even with detection off: the live status shows it (status_reporter).
   for (int fd : progress_.fds()) progress_.on_readable(fd, now);
-  if (broken_) return std::nullopt;
+  if (broken_ || !s_.settings.enabled()) return std::nullopt;
   try {
     bus_->publish(summarize(now));
     const std::uint64_t epoch = bus_->triggered();

@@ -16,6 +16,8 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
@@ -139,32 +141,35 @@ std::string fixed(double v, int decimals) {
 // 3 significant-ish digits: "7.5", "42", "512".
 std::string short_number(double v) { return fixed(v, v < 10 ? 1 : 0); }
 
-std::string human_bytes(std::uint64_t b) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(b);
+constexpr const char* kByteUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+
+// The largest unit that leaves `b` at least 1 (its index, and its size in bytes).
+std::pair<std::size_t, double> byte_unit(std::uint64_t b) {
   std::size_t u = 0;
-  while (v >= 1024 && u + 1 < std::size(units)) {
-    v /= 1024;
+  double scale = 1;
+  while (static_cast<double>(b) / scale >= 1024 && u + 1 < std::size(kByteUnits)) {
+    scale *= 1024;
     ++u;
   }
-  return (u == 0 ? std::to_string(b) : short_number(v)) + " " + units[u];
+  return {u, scale};
+}
+
+std::string human_bytes(std::uint64_t b) {
+  const auto [u, scale] = byte_unit(b);
+  return (u == 0 ? std::to_string(b) : short_number(static_cast<double>(b) / scale)) + " " +
+         kByteUnits[u];
 }
 
 // "3.1/80 GiB": both in the unit of the total.
 std::string bytes_pair(std::uint64_t used, std::uint64_t total) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double scale = 1;
-  std::size_t u = 0;
-  while (static_cast<double>(total) / scale >= 1024 && u + 1 < std::size(units)) {
-    scale *= 1024;
-    ++u;
-  }
+  const auto [u, scale] = byte_unit(total);
   return short_number(static_cast<double>(used) / scale) + "/" +
-         short_number(static_cast<double>(total) / scale) + " " + units[u];
+         short_number(static_cast<double>(total) / scale) + " " + kByteUnits[u];
 }
 
 std::string human_duration(double s) {
   if (!(s > 0)) return "-";
+  if (s < 1e-3) return fixed(s * 1e6, s < 1e-5 ? 1 : 0) + " us";
   if (s < 1) return fixed(s * 1e3, s < 0.01 ? 1 : 0) + " ms";
   if (s < 60) return fixed(s, 2) + " s";
   const auto whole = static_cast<long long>(s);
@@ -295,7 +300,17 @@ std::string format_status_table(const status::JobStatus& job) {
   Row title;
   for (std::size_t c = 0; c < kNumColumns; ++c) title[c] = kColumns[c].title;
   rows.push_back(title);
-  for (const auto& n : job.nodes) {
+  // The current round's nodes by group rank (so global ranks ascend), then the others by slot.
+  std::vector<const status::NodeStatus*> nodes;
+  for (const auto& n : job.nodes) nodes.push_back(&n);
+  auto order = [&](const status::NodeStatus* n) {
+    const bool current = !n->lost && n->round == job.round;
+    return std::make_tuple(current ? 0 : 1, current ? n->group_rank : 0, n->slot);
+  };
+  std::stable_sort(nodes.begin(), nodes.end(),
+                   [&](const auto* a, const auto* b) { return order(a) < order(b); });
+  for (const auto* np : nodes) {
+    const status::NodeStatus& n = *np;
     auto ranks = n.ranks;
     std::sort(ranks.begin(), ranks.end(),
               [](const auto& a, const auto& b) { return a.local_rank < b.local_rank; });

@@ -96,7 +96,9 @@ void StatusReporter::start() {
     status::ViewSources src;
     const std::string host = s_.store_host;
     const std::uint16_t port = s_.store_port;
-    rdzv::ClientOptions co = s_.client;
+    rdzv::ClientOptions co = s_.client;  // the HTTP thread's: a view never waits long
+    co.timeout = std::chrono::seconds(3);
+    co.connect_timeout = std::chrono::seconds(1);
     if (port != 0) {
       src.connect = [host, port, co]() -> std::unique_ptr<rdzv::Store> {
         return std::make_unique<rdzv::StoreClient>(host, port, co);

@@ -404,6 +404,9 @@ def test_real_job_as_it_runs_and_restarts(launcher, tmp_path):  # noqa: F811 (fi
 
     # Kill global rank 3: its node restarts the job once (--max-restarts=1).
     victim = next(pid for pid, (rank, _, _) in looker.truth.items() if rank == 3)
+    victim_local = looker.truth[victim][1]
+    with open(f"/proc/{victim}/stat") as f:
+        victim_agent = int(f.read().rsplit(")", 1)[1].split()[1])
     old = set(looker.truth)
     os.kill(victim, signal.SIGKILL)
     assert wait_for(lambda: looker.settled(1) and not old & set(looker.truth), 120, 0.2), \
@@ -415,8 +418,11 @@ def test_real_job_as_it_runs_and_restarts(launcher, tmp_path):  # noqa: F811 (fi
     events = [e for n in after["nodes"] for e in n["restarts"]]
     assert events and any(e["cause"] == "signal" for e in events), events
     assert sum(n["failures_by_cause"].get("signal", 0) for n in after["nodes"]) >= 1, after
+    node = next(n for n in after["nodes"] if n["agent_pid"] == victim_agent)
+    killed = next(r for r in node["ranks"] if r["local_rank"] == victim_local)
+    assert killed["last_exit"] == -9 and "SIGKILL" in killed["last_error"], node
+    assert killed["restarts"] == 1 and node["restart_count"] == 1, node
     assert looker.looks >= 3
-    print("FIRST", json.dumps(first, indent=1)); print("AFTER", json.dumps(after, indent=1)); print(status(f"--rdzv-endpoint=127.0.0.1:{d.port}").stdout); print(out)
 
     for a in agents:
         a.proc.send_signal(signal.SIGTERM)
