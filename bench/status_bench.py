@@ -2,10 +2,12 @@
   a. overhead at steady state on a 2 x 2 job: ddprund + 2 ddprun agents on 127.0.0.1 running
      ddp-train (CPU) for a fixed number of steps, with the live status fully on (agents
      --status-interval 1 --http-port 0, ddprund --http-port 0, a poller GETting /api/status
-     and /metrics of all three every second) and off (--status-interval 0, no agent HTTP,
-     ddprund --http-port -1), A/B interleaved. Reports ddp-train's median step time (from its
-     own progress lines, startup left out) of each mode and the ratio on/off (target: under
-     1.01), and each agent's VmRSS at the first and last progress line (target: growth < 5 MiB).
+     and /metrics of all three every second) and off (--status-interval 0 --progress=off, no
+     agent HTTP, ddprund --http-port -1), A/B interleaved. Reports ddp-train's median step time
+     (from its own progress lines, startup left out) of each mode and the ratio on/off (target:
+     under 1.01), each agent's VmRSS at the second and the last progress line (target: growth
+     < 5 MiB), and the CPU time of the agents and ddprund over that window (a tighter bound on
+     the cost than step times, which vary by a few % from run to run on a small machine).
   b. a 1024-node simulated job: 1024 node records of 4 ranks (the fields an agent publishes,
      job_view.hpp's keys) written into ddprund under one run id; GET /api/status and GET
      /metrics timed (median, p95) and `ddprun status --json` wall time, first with the records
@@ -319,13 +321,24 @@ def vm_rss(pid):
     return None
 
 
-def sample_rss(agents, stop, out):
-    """Every agent's VmRSS twice a second: out[i] = [(time, bytes), ...]."""
+def cpu_seconds(pid):
+    """utime + stime of `pid` (all its threads; not its children), from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def sample_procs(procs, stop, out):
+    """Each process's VmRSS and CPU time twice a second: out[i] = [(time, bytes, cpu s)]."""
     while True:
         now = time.time()
-        for i, a in enumerate(agents):
-            if a.proc.poll() is None and (rss := vm_rss(a.proc.pid)):
-                out[i].append((now, rss))
+        for i, p in enumerate(procs):
+            rss, cpu = vm_rss(p.pid), cpu_seconds(p.pid)
+            if p.poll() is None and rss is not None and cpu is not None:
+                out[i].append((now, rss, cpu))
         if stop.wait(0.5):
             return
 
@@ -356,10 +369,11 @@ def one_job(bin_dir, work, on, steps, rep):
                   "--batch-size", str(BATCH), "--max-steps", str(steps), "--log-every", "100",
                   "--no-eval", "--snapshot", snap, "100000", "0"]
     stop, counts, failures = threading.Event(), {True: 0, False: 0, "ranks": 0}, []
-    agents, threads, rss = [], [], [[], []]
+    agents, threads, samples = [], [], [[], [], []]  # agent 0, agent 1, ddprund
     try:
         agents = [Agent(bin_dir, d.port, f"ab{rep}{int(on)}", on, train_args) for _ in range(2)]
-        threads.append(threading.Thread(target=sample_rss, args=(agents, stop, rss)))
+        threads.append(threading.Thread(target=sample_procs, args=(
+            [a.proc for a in agents] + [d.proc], stop, samples)))
         if on:
             threads.append(threading.Thread(target=poll_views, args=(
                 lambda: [d.http_port] + [a.http_port for a in agents], stop, counts, failures)))
@@ -386,13 +400,19 @@ def one_job(bin_dir, work, on, steps, rep):
         raise SystemExit(f"status_bench: the live views did not answer: {failed[:5]}")
     if on and counts["ranks"] != 4:
         raise SystemExit(f"status_bench: no view showed the job's 4 ranks ({counts})")
-    growth = []
-    for samples in rss:
-        inside = [b for t, b in samples if t1 <= t <= t2]
+    rss, cpu = [], []  # per agent: (VmRSS at start, at end); per process: CPU ms per second
+    for i, series in enumerate(samples):
+        inside = [x for x in series if t1 <= x[0] <= t2]
         if len(inside) >= 2:
-            growth.append((inside[0], inside[-1]))
+            (ta, ra, ca), (tb, rb, cb) = inside[0], inside[-1]
+            cpu.append(1000.0 * (cb - ca) / (tb - ta))
+            if i < 2:
+                rss.append((ra, rb))
+    if len(cpu) != 3 or len(rss) != 2:
+        raise SystemExit("status_bench: too few /proc samples in the steady state")
     return {"step_ms": 1000.0 * (at2 - at1) / (s2 - s1), "steady_s": round(t2 - t1, 1),
-            "polls": counts[True], "rss": growth}
+            "polls": counts[True], "rss": rss, "agent_cpu_ms_per_s": cpu[:2],
+            "ddprund_cpu_ms_per_s": cpu[2]}
 
 
 def overhead(bin_dir, work, reps, steps):
@@ -412,8 +432,18 @@ def overhead(bin_dir, work, reps, steps):
                   "agent_rss_start_mib": round(statistics.median(s for s, _ in pairs) / 2**20, 2),
                   "agent_rss_growth_mib_max": round(max(growth) / 2**20, 3),
                   "agent_rss_growth_mib": [round(g / 2**20, 3) for g in growth],
+                  "agent_cpu_ms_per_s": round(statistics.median(
+                      c for r in v for c in r["agent_cpu_ms_per_s"]), 2),
+                  "ddprund_cpu_ms_per_s": round(statistics.median(
+                      r["ddprund_cpu_ms_per_s"] for r in v), 2),
                   "view_requests_answered": sum(r["polls"] for r in v)}
     out["step_time_ratio_on_to_off"] = round(med["on"] / med["off"], 4)
+    # The status's own CPU (2 agents and ddprund; the poller, this process, left out) as a
+    # share of the machine the 4 ranks train on: what it can take from their steps at most.
+    extra = 2 * (out["on"]["agent_cpu_ms_per_s"] - out["off"]["agent_cpu_ms_per_s"]) + \
+        out["on"]["ddprund_cpu_ms_per_s"] - out["off"]["ddprund_cpu_ms_per_s"]
+    out["status_cpu_ms_per_s"] = round(extra, 2)
+    out["status_cpu_share_of_machine"] = round(extra / (1000.0 * (os.cpu_count() or 1)), 5)
     return out
 
 
@@ -428,6 +458,11 @@ def table(res):
                          f"{o[m]['median_step_ms'] / o['off']['median_step_ms']:.4f} x off"))
             rows.append((f"2x2 agent RSS growth, status {m} (max)",
                          f"{o[m]['agent_rss_growth_mib_max']:.3f} MiB", "target < 5 MiB"))
+            rows.append((f"2x2 CPU, status {m}: each agent / ddprund",
+                         f"{o[m]['agent_cpu_ms_per_s']} / {o[m]['ddprund_cpu_ms_per_s']} ms/s", ""))
+        rows.append(("2x2 status CPU (on - off, agents + ddprund)",
+                     f"{o['status_cpu_ms_per_s']} ms/s",
+                     f"{100 * o['status_cpu_share_of_machine']:.3f}% of the machine"))
     if "simulated" in res:
         s = res["simulated"]
         for phase in ("at_rest", "live"):

@@ -179,6 +179,10 @@ void LocalRound::tell_status(const std::vector<WorkerExit>& exits, const Observa
   if (o.hang && o.hang->local_rank >= 0) s_.status->hung(o.hang->local_rank);
   const auto now = std::chrono::steady_clock::now();
   if (progress_ && (now >= next_status_ || !exits.empty())) {
+    // A worker's last lines are in its pipe when it exits: read them first.
+    if (!exits.empty()) {
+      for (int fd : progress_->fds()) progress_->on_readable(fd, now);
+    }
     s_.status->progress(progress_->ranks());
     next_status_ = now + std::chrono::milliseconds(250);
   }

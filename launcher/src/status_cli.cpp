@@ -126,11 +126,7 @@ int watch(rdzv::Store& store, const StatusOptions& o, std::string run_id,
   }
 }
 
-}  // namespace
-
 // ------------------------------------------------------------------------------- the table
-
-namespace {
 
 std::string fixed(double v, int decimals) {
   char buf[64];

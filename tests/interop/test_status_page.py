@@ -41,7 +41,8 @@ def browser(tmp_path):
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--hide-scrollbars", "--window-size=1200,800", f"--user-data-dir={tmp_path / 'chromium'}"):
+              "--hide-scrollbars", "--window-size=1200,800",
+              f"--user-data-dir={tmp_path / 'chromium'}"):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
@@ -151,10 +152,11 @@ def rank_rec(local, rank, state, pid, **kw):
 
 
 def node_rec(run_id, slot, host, state, ranks, updated, **kw):
+    # interval_s 60: a node is lost only 182 s after its update, whatever the machine's load.
     n = {"schema": 1, "run_id": run_id, "job_id": "", "host": host, "slot": slot,
          "agent_pid": 4000 + slot, "state": state, "round": 1, "group_rank": slot,
          "group_world_size": 2, "world_size": 4, "restart_count": 1, "max_restarts": 3,
-         "started": updated - 60, "updated": updated, "interval_s": 1, "seq": 1,
+         "started": updated - 60, "updated": updated, "interval_s": 60, "seq": 1,
          "ranks": ranks, "restarts": [], "failures_by_cause": {}, "phases": []}
     n.update(kw)
     return n
@@ -195,7 +197,8 @@ def synthetic_job(run_id, now, rank1):
     b = node_rec(run_id, 1, HOSTILE, "running", [
         rank_rec(0, 4, "succeeded", 105, last_exit=0),
         rank_rec(1, 5, "stopped", 106, last_exit=-15)], now)
-    c = node_rec(run_id, 2, "node-c", "running", [rank_rec(0, 6, "running", 107)], now - 120)
+    c = node_rec(run_id, 2, "node-c", "running", [rank_rec(0, 6, "running", 107)], now - 120,
+                 interval_s=1)  # lost
     return [a, b, c]
 
 

@@ -51,6 +51,7 @@ TEST_CASE("every flag the table names is one the parser takes, in both spellings
         if (std::string(s.dest) == "logs_specs") continue;
         if (std::string(s.dest) == "on_hang") v = "stop";
         if (std::string(s.dest) == "straggler_factor") v = "2";  // always an error (cli_test)
+        if (std::string(s.dest) == "progress") v = "lines";
         argv.push_back(v);
       }
       argv.push_back("--rdzv-endpoint=h:1");

@@ -216,3 +216,32 @@ TEST_CASE("status command: bad flags exit 2, before any connection", "[status_cl
   CHECK(ddp::launch::run_status_command({"--bogus"}) == 2);
   CHECK(ddp::launch::run_status_command({"--rdzv-endpoint=h", "--interval=0"}) == 2);
 }
+
+TEST_CASE("status table: nodes in group-rank order, small and large units", "[status_cli]") {
+  JobStatus job = two_nodes();
+  job.nodes[1].updated_unix = 999;  // not lost: both in round 1, slot 0 is group rank 1
+  job.nodes[0].group_rank = 1;
+  job.nodes[1].group_rank = 0;
+  job.nodes[0].ranks = {rank(0, 2, 7), rank(1, 3, 8)};
+  job.nodes[1].ranks = {rank(0, 0, 5), rank(1, 1, 6)};
+  job.nodes[1].ranks[0].step_time_s = 2e-5;
+  job.nodes[1].ranks[0].samples_per_s = 2.5e6;
+  job.nodes[1].ranks[0].rss_bytes = 512;
+  job.nodes[1].ranks[1].step_time_s = 125;
+  job.nodes[1].ranks[1].samples_per_s = 42.25;
+  job.nodes[1].ranks[1].rss_bytes = 5ull << 40;
+  ddp::status::fill_derived(job);
+  const auto lines = lines_of(format_status_table(job));
+  REQUIRE(lines.size() == 6);
+  CHECK(lines[2].rfind("beta-long-hostname #1 ", 0) == 0);
+  CHECK(lines[4].rfind("alpha #0 ", 0) == 0);
+  const std::size_t rank_end = column(lines, "RANK") + 4;
+  for (std::size_t i = 2; i < 6; ++i)
+    CHECK(lines[i][rank_end - 1] == static_cast<char>('0' + i - 2));
+  CHECK(lines[2].find(" 20 us ") != std::string::npos);
+  CHECK(lines[2].find(" 2.5M ") != std::string::npos);
+  CHECK(lines[2].find(" 512 B ") != std::string::npos);
+  CHECK(lines[3].find(" 2m05s ") != std::string::npos);
+  CHECK(lines[3].find(" 42.2 ") != std::string::npos);
+  CHECK(lines[3].find(" 5.0 TiB ") != std::string::npos);
+}
