@@ -258,6 +258,12 @@ def test_page_draws_synthetic_records(browser, tmp_path):
         errors = severe(browser)
         assert errors == [], errors
 
+        # An unknown run: the page says what the server said.
+        browser.get(f"http://127.0.0.1:{http}/?run=no-such-run")
+        wait_page(browser, lambda br: "unknown run" in text_of(br, "conn"), "unknown run", 20)
+        browser.get(f"http://127.0.0.1:{http}/?run={run_id}")
+        wait_page(browser, lambda br: text_of(br, "rank-count") == "7", "7 ranks again")
+
         # The page says so when ddprund goes away, and keeps what it showed.
         assert d.stop() == 0, d.output()
         wait_page(browser, lambda b: b.execute_script(
