@@ -7,6 +7,8 @@ one of its workers is killed and the job restarts."""
 import datetime
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import time
@@ -300,6 +302,39 @@ def test_watch_json_lines_until_sigterm(job, tmp_path):
         doc = json.loads(line)
         VALIDATOR.validate(doc)
         assert doc["run_id"] == run and len(doc["nodes"]) == 2
+
+
+def test_watch_on_a_terminal_redraws_in_place(job):
+    port, run, _ = job
+    master, slave = pty.openpty()
+    try:
+        p = popen_retry([DDPRUN, "status", f"--rdzv-endpoint=127.0.0.1:{port}", "--watch",
+                         "--interval=0.2"], stdout=slave, stderr=subprocess.PIPE,
+                        stdin=subprocess.DEVNULL)
+        os.close(slave)
+        slave = None
+        seen = b""
+        deadline = time.monotonic() + 30
+        while seen.count(b"\x1b[H\x1b[2J") < 3 and time.monotonic() < deadline:
+            if select.select([master], [], [], 1)[0]:
+                seen += os.read(master, 65536)
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            pytest.fail("ddprun status --watch on a terminal ignored SIGINT")
+        assert p.returncode == 0, p.stderr.read()
+    finally:
+        os.close(master)
+        if slave is not None:
+            os.close(slave)
+    frames = seen.decode().replace("\r\n", "\n").split("\x1b[H\x1b[2J")
+    assert len(frames) >= 4 and frames[0] == "", seen  # each frame clears the screen first
+    for f in frames[1:3]:
+        header, rows = table_rows(f)
+        assert header.startswith(f"run {run}  state running") and len(rows) == 4, f
 
 
 # ------------------------------------------------------------------ (b) a real 2-agent job

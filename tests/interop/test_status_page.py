@@ -2,8 +2,9 @@
 chromium and chromium-driver, driven by selenium): first against ddprund fed with synthetic
 status records (every rank state, a lost node, GPU fields, hostile strings, live updates, a lost
 connection), then against a real 2-agent job whose worker the test kills: the tile turns failed
-or stopped, then running again after the restart, with no console errors. The screenshot in
-docs/status.png is taken here (rewritten only with DDP_UPDATE_SCREENSHOT=1 or when missing)."""
+or stopped, then running again after the restart, with no console errors or warnings. The
+screenshot docs/status.png is taken here (rewritten only with DDP_UPDATE_SCREENSHOT=1 or when
+missing)."""
 import json
 import os
 import re
@@ -56,8 +57,9 @@ def browser(tmp_path):
         driver.quit()
 
 
-def severe(driver):
-    return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+def console_problems(driver):
+    """The browser console's errors and warnings since the last call."""
+    return [e for e in driver.get_log("browser") if e.get("level") in ("SEVERE", "WARNING")]
 
 
 def start_daemon(tmp_path):
@@ -255,7 +257,7 @@ def test_page_draws_synthetic_records(browser, tmp_path):
             "return document.querySelector('.rank[data-slot=\"0\"][data-local-rank=\"1\"] "
             "polyline').getAttribute('points')")
         assert len(points.split()) >= 2, points
-        errors = severe(browser)
+        errors = console_problems(browser)
         assert errors == [], errors
 
         # An unknown run: the page says what the server said.
@@ -349,7 +351,7 @@ def test_page_follows_a_restarting_job(browser, launcher, tmp_path):
     wait_page(browser, lambda br: min(chart_points(br)) >= 6, "step times after the restart",
               30, logs)
     screenshot(browser, tmp_path)
-    errors = severe(browser)
+    errors = console_problems(browser)
     assert errors == [], errors
 
     # The agent serves the same page for the job.
@@ -358,7 +360,7 @@ def test_page_follows_a_restarting_job(browser, launcher, tmp_path):
     browser.get(m.group(1))
     wait_page(browser, lambda br: text_of(br, "rank-count") == "4", "4 ranks on the agent's page",
               30, logs)
-    errors = severe(browser)
+    errors = console_problems(browser)
     assert errors == [], errors
 
     # A clean end: every worker exits 0, the page shows the job succeeded.
@@ -367,7 +369,7 @@ def test_page_follows_a_restarting_job(browser, launcher, tmp_path):
     browser.get(f"http://127.0.0.1:{http}/?run={run_id}")
     wait_page(browser, lambda br: text_of(br, "job-state") == "succeeded" and
               [t["state"] for t in tiles(br)] == ["succeeded"] * 4, "the job succeeded", 30, logs)
-    errors = severe(browser)
+    errors = console_problems(browser)
     assert errors == [], errors
 
 

@@ -160,7 +160,9 @@ HttpResponse StatusViews::api_status(const HttpRequest& request) {
   if (!reached && job.nodes.empty()) return json_error(503, "the store cannot be reached");
   if (id.empty()) return json_error(404, "no run has published its status yet");
   if (job.nodes.empty()) return json_error(404, "unknown run '" + id + "'");
-  return {200, kJson, to_json(job, 2) + "\n"};
+  // Compact unless ?pretty: a 1024-node job's answer is megabytes (docs/perf.md).
+  const bool pretty = query_param(request.query, "pretty").value.has_value();
+  return {200, kJson, to_json(job, pretty ? 2 : -1) + "\n"};
 }
 
 HttpResponse StatusViews::api_runs() {
