@@ -210,7 +210,14 @@ void StatusReporter::progress(const std::map<int, RankProgress>& ranks) {
     if (it == ranks.end() || !it->second.reported) continue;
     const RankProgress& p = it->second;
     r.step = p.step;
-    r.step_time_s = median(p.step_s);
+    // Wall time per step (the interval between steps), not the compute phase that the
+    // straggler check times: what a user means by step time and samples/s.
+    std::vector<double> walls;
+    for (std::size_t i = p.spans.size() > kStepHistory ? p.spans.size() - kStepHistory : 0;
+         i < p.spans.size(); ++i) {
+      walls.push_back(p.spans[i].end_unix - p.spans[i].start_unix);
+    }
+    r.step_time_s = walls.empty() ? median(p.step_s) : median(walls);
     r.total_steps = p.total_steps;
     r.samples_per_s =
         p.samples >= 0 && r.step_time_s > 0 ? static_cast<double>(p.samples) / r.step_time_s : 0;
