@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "ddp/launch/status_reporter.hpp"
 #include "ddp/launch/status_text.hpp"
@@ -14,7 +15,16 @@ namespace ddp::launch {
 
 namespace {
 constexpr std::chrono::seconds kTraceWait{10};  // for the other nodes' parts of the trace
+constexpr int kFinalPolls = 30;                 // x 100 ms for the others' final records
+
+// Every node of `round` has a final state (or is lost).
+bool round_over(const status::JobStatus& job, int round) {
+  for (const auto& n : job.nodes) {
+    if (n.round == round && !n.lost && !status::final_state(n.state)) return false;
+  }
+  return true;
 }
+}  // namespace
 
 NodeTrace StatusReporter::node_trace() const {
   std::lock_guard<std::mutex> g(mu_);
@@ -136,7 +146,15 @@ void StatusReporter::finish(const std::string& state, int exit_code) {
   }
   const bool writes_trace = !s_.trace_path.empty() && (copy.group_rank <= 0 || !store_);
   status::JobStatus job;
-  if (writes_trace || (s_.summary && s_.progress != ProgressMode::off)) job = final_job();
+  if (writes_trace || (s_.summary && s_.progress != ProgressMode::off)) {
+    job = final_job();
+    // The other nodes of the round end at about the same time: give their final records a
+    // moment (bounded) so that the summary shows how the job ended, not how it was running.
+    for (int i = 0; i < kFinalPolls && store_ && !round_over(job, copy.round); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      job = final_job();
+    }
+  }
   if (writes_trace) write_trace(job);
   if (s_.summary && s_.progress != ProgressMode::off) {
     const std::string text = format_exit_summary(job, now - started_, exit_code);

@@ -97,7 +97,7 @@ TEST_CASE("http: GET is answered with a body, the path and the query", "[integra
   CHECK(read_reply(s).status == 404);
 }
 
-TEST_CASE("http: HEAD has the length and no body; keep-alive and pipelined requests",
+TEST_CASE("http: HEAD has the length and no body, keep-alive and pipelined requests",
           "[integration][http]") {
   Fixture f;
   RawSocket s(f.port());
@@ -235,7 +235,7 @@ TEST_CASE("http: HTTP/1.0 without keep-alive closes after the reply", "[integrat
   CHECK(s.closed_by_peer(10s));
 }
 
-TEST_CASE("http: stop closes every connection, is idempotent; a taken port is named",
+TEST_CASE("http: stop closes every connection, is idempotent, a taken port is named",
           "[integration][http]") {
   Fixture f;
   RawSocket s(f.port());

@@ -103,7 +103,7 @@ TEST_CASE("agents form one round with distinct group ranks", "[integration][laun
   }
 }
 
-TEST_CASE("static rounds rank by node rank; a node rank claimed twice is named",
+TEST_CASE("static rounds rank by node rank, a node rank claimed twice is named",
           "[integration][launch]") {
   Store s;
   auto rounds = form(s, 3, "static", true);
@@ -239,7 +239,7 @@ TEST_CASE("MIN:MAX: the expected count seals at once, without the last call",
   for (const auto& r : rounds) CHECK(r.group_world_size == 3);
 }
 
-TEST_CASE("a node arriving after the seal asks for a bigger round; past MAX it is a spare",
+TEST_CASE("a node arriving after the seal asks for a bigger round, past MAX it is a spare",
           "[integration][launch]") {
   Store s;
   RendezvousOptions o{"grow", 1, 2, false, 10s, 100ms};

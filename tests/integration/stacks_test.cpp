@@ -180,7 +180,7 @@ TEST_CASE("stacks: neither tool on PATH, and a pid that is gone", "[launch][inte
   CHECK(s.at(0).error == "process gone");
 }
 
-TEST_CASE("stacks: a tool past its timeout is killed; the other is tried",
+TEST_CASE("stacks: a tool past its timeout is killed, the other is tried",
           "[launch][integration]") {
   FakeTools fake;
   fake.add("py-spy", "echo $$ > " + fake.dir + "/tool.pid\nexec sleep 30");

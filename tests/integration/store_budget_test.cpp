@@ -45,7 +45,7 @@ ServerOptions small() {
 
 }  // namespace
 
-TEST_CASE("a client that never reads is held at the reply cap; it resumes when it reads",
+TEST_CASE("a client that never reads is held at the reply cap, it resumes when it reads",
           "[integration][budget]") {
   Server s(small());
   auto writer = s.client();
@@ -118,7 +118,7 @@ TEST_CASE("a HELLO client over a budget is told why", "[integration][budget]") {
   CHECK(s.client()->num_keys() == 1);
 }
 
-TEST_CASE("the global budget holds across connections; small clients are never refused",
+TEST_CASE("the global budget holds across connections, small clients are never refused",
           "[integration][budget]") {
   auto o = small();
   o.max_client_bytes = o.max_connection_bytes;  // one connection's worth

@@ -344,7 +344,7 @@ TEST_CASE("a full store refuses the writer with the reason and keeps serving", "
   CHECK(reader->get("small") == "ok");
 }
 
-TEST_CASE("one set wakes waiters spread over every loop; barriers span loops", "[integration]") {
+TEST_CASE("one set wakes waiters spread over every loop, barriers span loops", "[integration]") {
   Fixture f;
   constexpr int kWaiters = 12;
   std::vector<std::thread> ts;

@@ -86,7 +86,7 @@ TEST_CASE("a signal death reads as torchrun's, text for text", "[unit][launch]")
   CHECK(torchrun_signal_name(SIGSEGV) == "SIGSEGV");
 }
 
-TEST_CASE("the earliest failure is the root cause; signals are named", "[unit][launch]") {
+TEST_CASE("the earliest failure is the root cause, signals are named", "[unit][launch]") {
   auto late = failure(0, 0, 1, 0, 2000);
   auto early = failure(3, 3, 0, 11, 1000);
   std::vector<Failure> fs = {late, early};
@@ -106,7 +106,7 @@ TEST_CASE("the earliest failure is the root cause; signals are named", "[unit][l
   CHECK(exit_code_for({}) == 0);
 }
 
-TEST_CASE("torchrun's error file shapes are read; their time decides the root cause",
+TEST_CASE("torchrun's error file shapes are read, their time decides the root cause",
           "[unit][launch]") {
   auto nested = write_temp(R"({"message": {"message": "ValueError: bad lr",
       "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\"\nValueError: bad lr",

@@ -110,7 +110,7 @@ TEST_CASE("the driver's folder: excluded GPUs, unknown UUIDs, no driver", "[unit
   CHECK(machine_gpus((d.root / "missing").string()).empty());
 }
 
-TEST_CASE("CUDA_VISIBLE_DEVICES unset: every GPU; empty: none", "[unit][launch][gpu]") {
+TEST_CASE("CUDA_VISIBLE_DEVICES unset: every GPU, empty: none", "[unit][launch][gpu]") {
   const auto m = eight();
   CHECK(visible_gpus(m, {}).size() == 8);
   CHECK(visible_gpus(m, {{"SLURM_STEP_GPUS", "0,1"}}).size() == 8);  // CUDA does not read it

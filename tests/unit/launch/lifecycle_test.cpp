@@ -341,7 +341,7 @@ TEST_CASE("lifecycle: a log directory that cannot be made fails the node", "[uni
   CHECK(run.err.find("No space left on device; stopping the job") != std::string::npos);
 }
 
-TEST_CASE("lifecycle: a join timeout exits 1; a spare whose job finished exits 0",
+TEST_CASE("lifecycle: a join timeout exits 1, a spare whose job finished exits 0",
           "[unit][launch]") {
   Run timeout;
   Formed t;

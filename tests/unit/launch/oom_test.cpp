@@ -33,7 +33,7 @@ TEST_CASE("/proc/<pid>/cgroup gives the v2 path and v1's memory path", "[unit][l
   CHECK(parse_proc_cgroup("5:memoryx:/a\ngarbage\n").memory_v1.empty());
 }
 
-TEST_CASE("mountinfo gives the cgroup mounts; counter files follow", "[unit][launch]") {
+TEST_CASE("mountinfo gives the cgroup mounts, counter files follow", "[unit][launch]") {
   const char* hybrid =
       "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
       "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"

@@ -198,7 +198,7 @@ TEST_CASE("merge: a phase in a collective counts as a collective frame", "[launc
   CHECK_FALSE(g[0].in_collective);
 }
 
-TEST_CASE("merge: all identical, one group; none, no group", "[launch][stack_merge]") {
+TEST_CASE("merge: all identical, one group, none, no group", "[launch][stack_merge]") {
   const auto g = merge_stacks({rank_in(2, kWaiting), rank_in(0, kWaiting), rank_in(1, kWaiting)});
   REQUIRE(g.size() == 1);
   CHECK(g[0].ranks == std::vector<int>{0, 1, 2});

@@ -42,7 +42,7 @@ TEST_CASE("python scripts run under python -u, modules with -m, ${local_rank} su
   CHECK(worker_argv(n, 1, {}) == std::vector<std::string>{"/bin/echo", "11"});
 }
 
-TEST_CASE("a compiled program is recognised (run without python); scripts are not",
+TEST_CASE("a compiled program is recognised (run without python), scripts are not",
           "[unit][launch]") {
   CHECK(is_native_executable("/proc/self/exe"));
   CHECK_FALSE(is_native_executable("/proc/self/status"));  // text
@@ -84,7 +84,7 @@ TEST_CASE("the environment torchrun 2.x exports, on top of the agent's", "[unit]
   CHECK(env.at("OMP_NUM_THREADS") == "1");
 }
 
-TEST_CASE("inherited NCCL and OpenMP settings are kept; one worker gets no OMP default",
+TEST_CASE("inherited NCCL and OpenMP settings are kept, one worker gets no OMP default",
           "[unit][launch]") {
   auto c = config({"x.py"});
   GroupInfo g;

@@ -121,7 +121,7 @@ TEST_CASE("redirect and filtered ranks keep the console clean", "[unit][launch]"
   fs::remove_all(dir);
 }
 
-TEST_CASE("the log dir follows torchrun's layout; /dev/null disables it", "[unit][launch]") {
+TEST_CASE("the log dir follows torchrun's layout, /dev/null disables it", "[unit][launch]") {
   auto base = fs::temp_directory_path() / ("ddp_logs_" + std::to_string(::getpid()));
   {
     RunLogDir logs(base.string(), "job7");
@@ -231,7 +231,7 @@ TEST_CASE("1 MiB lines of two workers reach the console whole, never interleaved
   CHECK(kMaxLineBytes == std::size_t{4} << 20);
 }
 
-TEST_CASE("a log file on a full disk is named once; the console goes on", "[unit][launch]") {
+TEST_CASE("a log file on a full disk is named once, the console goes on", "[unit][launch]") {
   auto dir = fs::temp_directory_path() / ("ddp_full_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   fs::create_symlink("/dev/full", dir / "stdout.log");  // every write: ENOSPC

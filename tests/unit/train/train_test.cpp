@@ -45,7 +45,7 @@ std::string idx_bytes(std::vector<std::uint32_t> dims, std::size_t payload) {
 
 }  // namespace
 
-TEST_CASE("IDX: dimensions and data are read; a bad file is named with what is wrong",
+TEST_CASE("IDX: dimensions and data are read, a bad file is named with what is wrong",
           "[unit][train]") {
   auto a = parse_idx(idx_bytes({2, 3, 4}, 24), "x.idx");
   CHECK(a.dims == std::vector<std::uint32_t>{2, 3, 4});
@@ -65,7 +65,7 @@ TEST_CASE("IDX: dimensions and data are read; a bad file is named with what is w
                     Catch::Contains("--data /nonexistent"));
 }
 
-TEST_CASE("IDX files: gzipped or plain are read; a truncated gzip stream is named",
+TEST_CASE("IDX files: gzipped or plain are read, a truncated gzip stream is named",
           "[unit][train]") {
   char tmpl[] = "/tmp/ddp-idx-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
@@ -237,7 +237,7 @@ TEST_CASE("buckets: whole layers, last layer first, contiguous, the first one sm
   CHECK(many.back().end == m.param_count());
 }
 
-TEST_CASE("snapshot: round trip; corruption, truncation and garbage are named", "[unit][train]") {
+TEST_CASE("snapshot: round trip, corruption, truncation and garbage are named", "[unit][train]") {
   Snapshot s;
   s.header.model = "mlp";
   s.header.optimizer = "adam";
@@ -302,7 +302,7 @@ TEST_CASE("cpu references: bf16 casts round to nearest even", "[unit][train]") {
   CHECK(std::abs(bf16_to_f32(f32_to_bf16(x)) - x) <= x / 256);  // 8 bits of mantissa
 }
 
-TEST_CASE("options: the words become enums once; a bad word names its flag", "[unit][train]") {
+TEST_CASE("options: the words become enums once, a bad word names its flag", "[unit][train]") {
   const auto no_gpu = [] { return false; };
   TrainOptions o;
   apply_choices(ChoiceWords{}, no_gpu, o);  // the flags' defaults
@@ -412,7 +412,7 @@ TEST_CASE("check macros: the failed call, the library's error, what to do, [file
         "f() failed: bad [x.cu:7]");
 }
 
-TEST_CASE("DDP_TRAIN_FAULT: kill, hang and slow=F; anything else is named", "[unit][train]") {
+TEST_CASE("DDP_TRAIN_FAULT: kill, hang and slow=F, anything else is named", "[unit][train]") {
   const Fault kill = parse_fault("1:5");
   CHECK((kill.rank == 1 && kill.step == 5 && kill.kind == FaultKind::kill));
   CHECK(parse_fault("0:7:kill").kind == FaultKind::kill);
