@@ -1,5 +1,7 @@
 // The Gloo backend of the communicator: Gloo's TCP transport, bootstrapped through our store
 // by an adapter for Gloo's rendezvous store interface (keys under CommOptions::key_prefix).
+// The sharded collectives are direct exchanges over Gloo's unbound buffers (one message per
+// pair and part, the reduce-scatter's in segments that overlap the reduction).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -8,15 +10,26 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/worker/comm.hpp"
+#include "sum_parts.hpp"
 
 namespace ddp::worker {
 namespace {
+
+// Slot prefixes of our own collectives, apart from Gloo's (0x01-0x08 in gloo/types.h).
+constexpr std::uint8_t kReduceScatterSlotPrefix = 0x41;
+constexpr std::uint8_t kAllgathervSlotPrefix = 0x42;
+// The reduce-scatter's message size: each part travels in segments of this many floats, two
+// segments per peer in flight, so the sum of one overlaps the transfer of the next.
+constexpr std::size_t kSegment = std::size_t{1} << 18;
 
 // Gloo's rendezvous store over a StoreClient: values are bytes, get waits, wait honours the
 // timeout Gloo passes.
@@ -127,8 +140,112 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  void reduce_scatter_sum(const float* in, float* out,
+                          const std::vector<std::size_t>& counts) override {
+    const auto off = shard_offsets("reduce_scatter_sum", counts, size_);
+    const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
+    if (size_ == 1) {
+      if (mine != 0 && out != in) std::memmove(out, in, mine * sizeof(float));
+      return;
+    }
+    if (off.back() == 0) return;
+    run("reduce_scatter_sum", off.back() * sizeof(float),
+        [&] { exchange_and_sum(in, out, counts, off); });
+  }
+
+  void all_gather_v(const float* in, float* out, const std::vector<std::size_t>& counts) override {
+    const auto off = shard_offsets("all_gather_v", counts, size_);
+    const auto r = static_cast<std::size_t>(rank_);
+    if (counts[r] != 0 && in != out + off[r]) {
+      std::memmove(out + off[r], in, counts[r] * sizeof(float));
+    }
+    if (size_ == 1 || off.back() == 0) return;
+    run("all_gather_v", off.back() * sizeof(float), [&] {
+      const std::uint64_t slot = gloo::Slot::build(kAllgathervSlotPrefix, next_tag());
+      auto buf = context_->createUnboundBuffer(out, off.back() * sizeof(float));
+      int recvs = 0;
+      int sends = 0;
+      for (int q = 0; q < size_; ++q) {
+        const auto uq = static_cast<std::size_t>(q);
+        if (q == rank_ || counts[uq] == 0) continue;
+        buf->recv(q, slot, off[uq] * sizeof(float), counts[uq] * sizeof(float));
+        ++recvs;
+      }
+      std::unique_ptr<gloo::transport::UnboundBuffer> src;
+      if (counts[r] != 0)
+        src = context_->createUnboundBuffer(out + off[r], counts[r] * sizeof(float));
+      for (int q = 0; q < size_ && counts[r] != 0; ++q) {
+        if (q == rank_) continue;
+        src->send(q, slot, 0, counts[r] * sizeof(float));
+        ++sends;
+      }
+      const auto timeout = context_->getTimeout();
+      for (int i = 0; i < recvs; ++i) expect_done(buf->waitRecv(timeout), "receive");
+      for (int i = 0; i < sends; ++i) expect_done(src->waitSend(timeout), "send");
+    });
+  }
+
  private:
   std::uint32_t next_tag() { return tag_++; }
+
+  static void expect_done(bool done, const char* what) {
+    if (!done) throw std::runtime_error(std::string("a ") + what + " was aborted");
+  }
+
+  // Every peer's part goes to it straight from `in`, in segments; this rank's part arrives from
+  // every peer into two segments' worth of scratch per peer, and each segment is summed in rank
+  // order (this rank's own term read from `in`) while the next one is in flight.
+  void exchange_and_sum(const float* in, float* out, const std::vector<std::size_t>& counts,
+                        const std::vector<std::size_t>& off) {
+    const std::uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
+    const auto timeout = context_->getTimeout();
+    const auto r = static_cast<std::size_t>(rank_);
+    const std::size_t mine = counts[r];
+    const auto peers = static_cast<std::size_t>(size_ - 1);
+    const std::size_t segments = (mine + kSegment - 1) / kSegment;
+    // Receives first: two segments per peer, buffer (j % 2) * peers + k for peer k's segment j.
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
+    if (segments != 0) {
+      scratch_.resize(2 * peers * kSegment);
+      for (std::size_t i = 0; i < 2 * peers; ++i) {
+        bufs.push_back(context_->createUnboundBuffer(scratch_.data() + i * kSegment,
+                                                     kSegment * sizeof(float)));
+      }
+    }
+    auto peer = [&](std::size_t k) { return static_cast<int>(k < r ? k : k + 1); };
+    auto segment_size = [&](std::size_t j) { return std::min(kSegment, mine - j * kSegment); };
+    auto post = [&](std::size_t j) {
+      for (std::size_t k = 0; k < peers; ++k) {
+        bufs[(j % 2) * peers + k]->recv(peer(k), slot + j, 0, segment_size(j) * sizeof(float));
+      }
+    };
+    for (std::size_t j = 0; j < std::min<std::size_t>(segments, 2); ++j) post(j);
+    std::unique_ptr<gloo::transport::UnboundBuffer> src;
+    int sends = 0;
+    if (off.back() != mine) {
+      src = context_->createUnboundBuffer(const_cast<float*>(in), off.back() * sizeof(float));
+      for (std::size_t k = 0; k < peers; ++k) {
+        const auto q = static_cast<std::size_t>(peer(k));
+        for (std::size_t j = 0; j * kSegment < counts[q]; ++j) {
+          const std::size_t n = std::min(kSegment, counts[q] - j * kSegment);
+          src->send(peer(k), slot + j, (off[q] + j * kSegment) * sizeof(float), n * sizeof(float));
+          ++sends;
+        }
+      }
+    }
+    std::vector<const float*> srcs(static_cast<std::size_t>(size_));
+    for (std::size_t j = 0; j < segments; ++j) {
+      for (std::size_t k = 0; k < peers; ++k) {
+        auto& b = bufs[(j % 2) * peers + k];
+        expect_done(b->waitRecv(timeout), "receive");
+        srcs[static_cast<std::size_t>(peer(k))] = static_cast<const float*>(b->ptr);
+      }
+      srcs[r] = in + off[r] + j * kSegment;
+      detail::sum_in_rank_order(srcs.data(), size_, out + j * kSegment, segment_size(j));
+      if (j + 2 < segments) post(j + 2);
+    }
+    for (int i = 0; i < sends; ++i) expect_done(src->waitSend(timeout), "send");
+  }
 
   template <typename F>
   void run(const char* what, std::size_t bytes, F&& f) {
@@ -148,6 +265,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   std::uint32_t tag_ = 0;
   bool broken_ = false;
+  std::vector<float> scratch_;  // the reduce-scatter's receive segments, kept between calls
 };
 
 }  // namespace

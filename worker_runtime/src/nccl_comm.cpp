@@ -2,8 +2,10 @@
 // store under key_prefix + "/nccl_id", the others wait for it; then a non-blocking
 // ncclCommInitRankConfig. Buffers are device pointers; each call waits for its own stream,
 // polling for asynchronous errors, and aborts the communicator on a failure or a timeout (then
-// throws ddp::NcclError). Calls are checked with ddp/kernels/check.hpp's macros. Without CUDA the
-// factory says so.
+// throws ddp::NcclError). Calls are checked with ddp/kernels/check.hpp's macros. Sharded
+// collectives: equal parts are ncclReduceScatter / ncclAllGather; uneven ones a group of one
+// ncclReduce / ncclBroadcast per rank (no padding, no staging memory), as torch does for its
+// uneven NCCL collectives. Without CUDA the factory says so.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -123,6 +125,57 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     wait_stream("all_gather");
   }
 
+  void reduce_scatter_sum(const float* in, float* out,
+                          const std::vector<std::size_t>& counts) override {
+    const auto off = shard_offsets("reduce_scatter_sum", counts, size_);
+    if (off.back() == 0) return;
+    if (equal(counts)) {
+      // In place (out == in + rank * count) is ncclReduceScatter's own in-place form.
+      enqueue("ncclReduceScatter", [&] {
+        DDP_NCCL_CHECK_NONBLOCKING(
+            ncclReduceScatter(in, out, counts[0], ncclFloat32, ncclSum, comm_, stream_));
+      });
+    } else {
+      // Part q reduced to rank q; a non-root's recvbuff is not used (torch passes its own
+      // output there too). In place is ncclReduce's own (sendbuff == recvbuff on the root).
+      enqueue("ncclReduce (reduce_scatter_sum)", [&] {
+        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupStart());
+        for (int q = 0; q < size_; ++q) {
+          const auto uq = static_cast<std::size_t>(q);
+          if (counts[uq] == 0) continue;
+          DDP_NCCL_CHECK_NONBLOCKING(
+              ncclReduce(in + off[uq], out, counts[uq], ncclFloat32, ncclSum, q, comm_, stream_));
+        }
+        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupEnd());
+      });
+    }
+    wait_stream("reduce_scatter_sum");
+  }
+
+  void all_gather_v(const float* in, float* out, const std::vector<std::size_t>& counts) override {
+    const auto off = shard_offsets("all_gather_v", counts, size_);
+    if (off.back() == 0) return;
+    if (equal(counts)) {
+      // In place (in == out + rank * count) is ncclAllGather's own in-place form.
+      enqueue("ncclAllGather (all_gather_v)", [&] {
+        DDP_NCCL_CHECK_NONBLOCKING(ncclAllGather(in, out, counts[0], ncclFloat32, comm_, stream_));
+      });
+    } else {
+      // Part q broadcast from rank q into its place in out; in place when in == out + off[q].
+      enqueue("ncclBroadcast (all_gather_v)", [&] {
+        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupStart());
+        for (int q = 0; q < size_; ++q) {
+          const auto uq = static_cast<std::size_t>(q);
+          if (counts[uq] == 0) continue;
+          DDP_NCCL_CHECK_NONBLOCKING(ncclBroadcast(q == rank_ ? in : out + off[uq], out + off[uq],
+                                                   counts[uq], ncclFloat32, q, comm_, stream_));
+        }
+        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupEnd());
+      });
+    }
+    wait_stream("all_gather_v");
+  }
+
  private:
   // Runs checked calls (ddp/kernels/check.hpp) on the live communicator: a failure aborts it,
   // so the peers' waits fail in turn, and leaves as NcclError naming this rank.
@@ -168,6 +221,10 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
       if (Clock::now() > deadline) fail(what, "timed out (a peer stopped?)");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+  }
+  static bool equal(const std::vector<std::size_t>& counts) {
+    return std::all_of(counts.begin(), counts.end(),
+                       [&](std::size_t c) { return c == counts.front(); });
   }
   // An asynchronous error's text, with what to do next where check.hpp knows it.
   static std::string async_text(ncclResult_t state) {

@@ -1,9 +1,12 @@
-// A shared-memory all-reduce for ranks on one host, in front of another communicator (Gloo):
-// the ranks map one segment; each copies its chunk in, reduces its share of every rank's chunk
-// in a fixed order (so every rank gets the same bits), and copies the result out. Two barriers
-// per chunk, on counters in the segment. Loopback TCP costs several copies and wake-ups per
-// step; this costs three passes over memory. Broadcast, barrier and all-gather stay with the
-// base. A peer that dies is noticed by its pid, so a wait never outlives it.
+// A shared-memory all-reduce, reduce-scatter and all-gather for ranks on one host, in front of
+// another communicator (Gloo): the ranks map one segment. All-reduce: each copies its chunk in,
+// reduces its share of every rank's chunk in a fixed order (so every rank gets the same bits),
+// and copies the result out; two barriers per chunk, on counters in the segment. Reduce-scatter
+// copies in only the other ranks' parts, and each rank sums only its own part; all-gather copies
+// each part in once and out on every other rank; both alternate two halves of the segment, one
+// barrier per step. Loopback TCP costs several copies and wake-ups per step; these cost a few
+// passes over memory. Broadcast, barrier and the byte all-gather stay with the base. A peer that
+// dies is noticed by its pid, so a wait never outlives it.
 #include <fcntl.h>
 #include <immintrin.h>
 #include <sched.h>
@@ -24,11 +27,15 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/worker/comm.hpp"
+#include "sum_parts.hpp"
 
 namespace ddp::worker {
 namespace {
 
 constexpr std::size_t kLine = 64;
+// The sharded collectives' piece per rank and step, at most: large enough that a step's barrier
+// is cheap against its copies, small enough that a step's data stay in the caches.
+constexpr std::size_t kMaxPiece = std::size_t{1} << 16;
 
 class ShmCommunicator final : public Communicator {
  public:
@@ -40,8 +47,15 @@ class ShmCommunicator final : public Communicator {
         chunk_(chunk),
         timeout_(timeout),
         rank_(base_->rank()),
-        size_(base_->size()) {
+        size_(base_->size()),
+        srcs_(static_cast<std::size_t>(size_)) {
     pid_at(rank_) = ::getpid();
+    // More ranks than CPUs: a spinning waiter holds the CPU a rank it waits for needs; yield
+    // almost at once.
+    cpu_set_t cpus;
+    if (::sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < size_) {
+      spin_limit_ = 16;
+    }
   }
   ~ShmCommunicator() override { ::munmap(mem_, bytes_); }
 
@@ -60,21 +74,76 @@ class ShmCommunicator final : public Communicator {
       const std::size_t per = ((m + w - 1) / w + 15) / 16 * 16;
       const std::size_t lo = std::min(m, per * static_cast<std::size_t>(rank_));
       const std::size_t hi = std::min(m, lo + per);
-      float* res = result();
       if (lo < hi) {
-        std::memcpy(res + lo, slot(0) + lo, (hi - lo) * sizeof(float));
-        for (int k = 1; k < size_; ++k) {
-          const float* s = slot(k);
-          for (std::size_t i = lo; i < hi; ++i) res[i] += s[i];
-        }
+        // In rank order, as the reduce-scatter: the same bits.
+        for (int k = 0; k < size_; ++k) srcs_[static_cast<std::size_t>(k)] = slot(k) + lo;
+        detail::sum_in_rank_order(srcs_.data(), size_, result() + lo, hi - lo);
       }
       arrive_and_wait("all_reduce", count);
-      std::memcpy(data + off, res, m * sizeof(float));
+      std::memcpy(data + off, result(), m * sizeof(float));
       // No third barrier: a rank writes its slot again only for the next chunk, and reaches the
       // result buffer again only after the next first barrier, which every rank passes after
       // copying this result out.
     }
   }
+  void reduce_scatter_sum(const float* in, float* out,
+                          const std::vector<std::size_t>& counts) override {
+    const auto off = shard_offsets("reduce_scatter_sum", counts, size_);
+    if (broken_) throw IoError("shm reduce_scatter_sum: the communicator failed earlier");
+    const auto r = static_cast<std::size_t>(rank_);
+    const auto w = static_cast<std::size_t>(size_);
+    const std::size_t largest = *std::max_element(counts.begin(), counts.end());
+    // Step k carries piece k of every part: rank q's slot holds, at q' * piece, its piece of
+    // part q' for every q' != q; rank r then sums piece k of part r over every slot.
+    const std::size_t piece =
+        std::max<std::size_t>(1, std::min(kMaxPiece, half_slot() / w / 16 * 16));
+    for (std::size_t k = 0; k * piece < largest; ++k) {
+      float* mine = vslot(k % 2, rank_);
+      for (std::size_t q = 0; q < w; ++q) {
+        if (q == r || k * piece >= counts[q]) continue;
+        const std::size_t m = std::min(piece, counts[q] - k * piece);
+        std::memcpy(mine + q * piece, in + off[q] + k * piece, m * sizeof(float));
+      }
+      arrive_and_wait("reduce_scatter_sum", off.back());
+      if (k * piece < counts[r]) {
+        for (std::size_t q = 0; q < w; ++q) {
+          srcs_[q] =
+              q == r ? in + off[r] + k * piece : vslot(k % 2, static_cast<int>(q)) + r * piece;
+        }
+        const std::size_t m = std::min(piece, counts[r] - k * piece);
+        detail::sum_in_rank_order(srcs_.data(), size_, out + k * piece, m);
+      }
+    }
+    finish_steps("reduce_scatter_sum", largest, off.back());
+  }
+
+  void all_gather_v(const float* in, float* out, const std::vector<std::size_t>& counts) override {
+    const auto off = shard_offsets("all_gather_v", counts, size_);
+    if (broken_) throw IoError("shm all_gather_v: the communicator failed earlier");
+    const auto r = static_cast<std::size_t>(rank_);
+    const auto w = static_cast<std::size_t>(size_);
+    if (counts[r] != 0 && in != out + off[r]) {
+      std::memmove(out + off[r], in, counts[r] * sizeof(float));
+    }
+    const std::size_t largest = *std::max_element(counts.begin(), counts.end());
+    // Step k: every rank copies piece k of its part into its slot; the others copy it out.
+    const std::size_t piece =
+        std::max<std::size_t>(1, std::min(kMaxPiece * w, half_slot() / 16 * 16));
+    for (std::size_t k = 0; k * piece < largest; ++k) {
+      if (k * piece < counts[r]) {
+        const std::size_t m = std::min(piece, counts[r] - k * piece);
+        std::memcpy(vslot(k % 2, rank_), out + off[r] + k * piece, m * sizeof(float));
+      }
+      arrive_and_wait("all_gather_v", off.back());
+      for (std::size_t q = 0; q < w; ++q) {
+        if (q == r || k * piece >= counts[q]) continue;
+        const std::size_t m = std::min(piece, counts[q] - k * piece);
+        std::memcpy(out + off[q] + k * piece, vslot(k % 2, static_cast<int>(q)), m * sizeof(float));
+      }
+    }
+    finish_steps("all_gather_v", largest, off.back());
+  }
+
   void broadcast(void* data, std::size_t bytes, int root) override {
     base_->broadcast(data, bytes, root);
   }
@@ -101,6 +170,21 @@ class ShmCommunicator final : public Communicator {
                                     static_cast<std::size_t>(r) * chunk_ * sizeof(float));
   }
   float* result() { return slot(size_); }
+  // The sharded collectives see the slots and the result as one area in two halves, each with
+  // a slot of half_slot() floats per rank (16-float aligned).
+  std::size_t half_slot() const {
+    return (static_cast<std::size_t>(size_) + 1) * chunk_ / 2 / static_cast<std::size_t>(size_) /
+           16 * 16;
+  }
+  float* vslot(std::size_t half, int r) {
+    const std::size_t half_floats = (static_cast<std::size_t>(size_) + 1) * chunk_ / 2;
+    return slot(0) + half * half_floats + static_cast<std::size_t>(r) * half_slot();
+  }
+  // After the last step of a two-halves collective, others may still read the last half; one
+  // more barrier before anyone writes the segment again (the next collective).
+  void finish_steps(const char* what, std::size_t largest, std::size_t count) {
+    if (largest != 0) arrive_and_wait(what, count);
+  }
 
   void arrive_and_wait(const char* what, std::size_t count) {
     ++phase_;
@@ -110,7 +194,7 @@ class ShmCommunicator final : public Communicator {
     for (int k = 0; k < size_; ++k) {
       unsigned spins = 0;
       while (seq(k).load(std::memory_order_acquire) < phase_) {
-        if (++spins < 2000) {
+        if (++spins < spin_limit_) {
           _mm_pause();
           continue;
         }
@@ -144,7 +228,9 @@ class ShmCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   int rank_;
   int size_;
+  std::vector<const float*> srcs_;  // the terms of a sum, one per rank
   std::uint64_t phase_ = 0;
+  unsigned spin_limit_ = 2000;  // pauses before a waiter starts yielding
   bool broken_ = false;
 };
 

@@ -1,15 +1,19 @@
 // The communicator: the collectives a data-parallel worker needs (all-reduce, broadcast,
-// barrier, all-gather), bootstrapped through the job's store. Backends: Gloo over TCP (CPU
-// memory) and NCCL (device memory, CUDA builds). Calls are collective: every rank makes the same
-// calls in the same order. A failure (a peer gone, a timeout) throws ddp::IoError (gloo, shm) or
-// ddp::NcclError (nccl) naming the collective; the communicator is then unusable and the worker
-// should exit.
+// barrier, all-gather, and for sharded training reduce-scatter and all-gather with per-rank
+// counts), bootstrapped through the job's store. Backends: Gloo over TCP (CPU memory), shared
+// memory in front of it, and NCCL (device memory, CUDA builds). Calls are collective: every
+// rank makes the same calls in the same order. A failure (a peer gone, a timeout) throws
+// ddp::IoError (gloo, shm) or ddp::NcclError (nccl) naming the collective; the communicator is
+// then unusable and the worker should exit.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "ddp/proto/error.hpp"
 
 namespace ddp::rdzv {
 class StoreClient;
@@ -33,7 +37,51 @@ class Communicator {
   virtual void barrier() = 0;
   // out holds size() * bytes; rank r's `in` lands at out + r * bytes.
   virtual void all_gather(const void* in, void* out, std::size_t bytes) = 0;
+
+  // Sharded collectives (FSDP / ZeRO). counts[q] is the number of floats of rank q's part;
+  // counts must be the same on every rank and have size() entries (else ddp::ConfigError naming
+  // the collective), and a part may be empty. Part q starts at offset(q) = counts[0] + ... +
+  // counts[q-1] of the whole (shard_offsets). Pointers are in the backend's memory space.
+  //
+  // reduce_scatter_sum: `in` holds the whole, sum(counts) floats; rank r receives in `out`
+  // (counts[r] floats) the elementwise sum over ranks of their part r. In place is allowed:
+  // out == in + offset(r). Gloo and shm add in rank order, ((rank 0 + rank 1) + rank 2) + ...,
+  // the order of the shm all-reduce, so there reduce_scatter_sum then all_gather_v gives the
+  // bits all_reduce_sum gives; NCCL adds in its own order.
+  virtual void reduce_scatter_sum(const float* in, float* out,
+                                  const std::vector<std::size_t>& counts) = 0;
+  // all_gather_v: rank r contributes `in` (counts[r] floats); every rank receives in `out` the
+  // whole, sum(counts) floats, the parts in rank order. In place is allowed:
+  // in == out + offset(r).
+  virtual void all_gather_v(const float* in, float* out,
+                            const std::vector<std::size_t>& counts) = 0;
 };
+
+// counts for `total` elements cut into `world` parts, as even as can be: the first
+// total % world ranks get one more. Throws ddp::ConfigError when world < 1.
+inline std::vector<std::size_t> even_shards(std::size_t total, int world) {
+  if (world < 1) {
+    throw ConfigError("even_shards: world size " + std::to_string(world) + " is not positive");
+  }
+  const auto w = static_cast<std::size_t>(world);
+  std::vector<std::size_t> counts(w, total / w);
+  for (std::size_t q = 0; q < total % w; ++q) ++counts[q];
+  return counts;
+}
+
+// The parts' offsets, size() + 1 entries (the last is the whole's size), after checking that
+// counts has one entry per rank: a ddp::ConfigError names `what` otherwise.
+inline std::vector<std::size_t> shard_offsets(const char* what,
+                                              const std::vector<std::size_t>& counts, int size) {
+  if (counts.size() != static_cast<std::size_t>(size)) {
+    throw ConfigError(std::string(what) + ": counts has " + std::to_string(counts.size()) +
+                      " entries for a world of " + std::to_string(size) +
+                      " ranks (one per rank expected)");
+  }
+  std::vector<std::size_t> offsets(counts.size() + 1, 0);
+  for (std::size_t q = 0; q < counts.size(); ++q) offsets[q + 1] = offsets[q] + counts[q];
+  return offsets;
+}
 
 // Stream-ordered all-reduce, which the NCCL communicator also offers: a bucket's all-reduce is
 // enqueued on the communicator's stream behind an event of the caller's compute stream (no host
@@ -62,9 +110,9 @@ struct CommOptions {
 
 // Gloo over TCP: ranks publish their addresses under key_prefix and connect a full mesh.
 std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options);
-// For ranks that share one host: all-reduce through a shared-memory segment (created by rank 0,
-// named in the store under key_prefix, unlinked once every rank has mapped it); the other
-// collectives stay with `base`. Collective. Returns `base` itself when any rank cannot map the
+// For ranks that share one host: all-reduce, reduce-scatter and all_gather_v through a
+// shared-memory segment (created by rank 0, named in the store under key_prefix, unlinked once
+// every rank has mapped it); broadcast, barrier and the byte all-gather stay with `base`. Collective. Returns `base` itself when any rank cannot map the
 // segment (a note on stderr).
 std::unique_ptr<Communicator> make_local_communicator(std::unique_ptr<Communicator> base,
                                                       const CommOptions& options);
