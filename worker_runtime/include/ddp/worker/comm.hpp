@@ -112,8 +112,8 @@ struct CommOptions {
 std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options);
 // For ranks that share one host: all-reduce, reduce-scatter and all_gather_v through a
 // shared-memory segment (created by rank 0, named in the store under key_prefix, unlinked once
-// every rank has mapped it); broadcast, barrier and the byte all-gather stay with `base`. Collective. Returns `base` itself when any rank cannot map the
-// segment (a note on stderr).
+// every rank has mapped it); broadcast, barrier and the byte all-gather stay with `base`.
+// Collective. Returns `base` itself when any rank cannot map the segment (a note on stderr).
 std::unique_ptr<Communicator> make_local_communicator(std::unique_ptr<Communicator> base,
                                                       const CommOptions& options);
 // NCCL: rank 0 publishes the ncclUniqueId under key_prefix, the others wait for it. Throws
