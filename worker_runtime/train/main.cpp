@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", words.optimizer, "sgd | adam")->capture_default_str();
   app.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation and shuffle seed")->capture_default_str();
+  app.add_option("--hidden", o.hidden, "mlp: units per hidden layer (default 256, then 128)");
+  app.add_option("--layers", o.layers, "mlp: hidden layers (default 2)");
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
       ->capture_default_str();
   app.add_option("--snapshot", o.snapshot, "snapshot path (\"\": none)")->capture_default_str();

@@ -40,6 +40,27 @@ ModelSpec model_spec(ModelKind kind) {
 
 ModelSpec model_spec(const std::string& name) { return model_spec(parse_model(name)); }
 
+ModelSpec model_spec(ModelKind kind, std::size_t hidden, int layers) {
+  ModelSpec s = model_spec(kind);
+  if (kind != ModelKind::mlp || (hidden == 0 && layers == 0)) return s;
+  const std::size_t width = hidden != 0 ? hidden : 256;
+  const int depth = layers != 0 ? layers : 2;
+  s.layers.clear();
+  std::size_t in = 784;
+  for (int i = 0; i < depth; ++i) {
+    s.layers.push_back({in, width, Act::relu});
+    in = width;
+  }
+  s.layers.push_back({in, 10, Act::none});
+  return s;
+}
+
+std::size_t param_count(const ModelSpec& spec) {
+  std::size_t n = 0;
+  for (const auto& l : spec.layers) n += l.in * l.out + l.out;
+  return n;
+}
+
 Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
   const std::size_t nl = spec_.layers.size();
   slots_.resize(nl);

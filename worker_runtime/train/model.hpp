@@ -31,6 +31,13 @@ struct ModelSpec {
 };
 
 ModelSpec model_spec(ModelKind kind);
+// The mlp with `layers` hidden layers of `hidden` units (ReLU) between 784 inputs and 10
+// classes; 0 for either keeps the default (784-256-128-10). Other kinds ignore both.
+ModelSpec model_spec(ModelKind kind, std::size_t hidden, int layers);
+std::size_t param_count(const ModelSpec& spec);  // weights and biases of every layer
+inline constexpr std::size_t kMaxHidden = 65536;
+inline constexpr int kMaxLayers = 64;
+inline constexpr std::size_t kMaxParams = std::size_t{1} << 30;  // 4 GiB of fp32 weights
 // By name ("mlp", "autoencoder", "linear"), for tests; throws ConfigError naming the choices.
 ModelSpec model_spec(const std::string& name);
 

@@ -179,6 +179,27 @@ void validate(const TrainOptions& o) {
     throw ConfigError("--precision bf16 needs --device cuda (the CPU path computes in fp32)");
   }
   if (o.synthetic_size < 1) throw ConfigError("--synthetic-size must be >= 1");
+  if ((o.hidden != 0 || o.layers != 0) && o.model != ModelKind::mlp) {
+    throw ConfigError("--hidden and --layers shape the mlp only (--model " + to_string(o.model) +
+                      ")");
+  }
+  if (o.hidden > kMaxHidden) {
+    throw ConfigError("--hidden " + std::to_string(o.hidden) + ": at most " +
+                      std::to_string(kMaxHidden));
+  }
+  if (o.layers < 0 || o.layers > kMaxLayers) {
+    throw ConfigError("--layers " + std::to_string(o.layers) + ": from 1 to " +
+                      std::to_string(kMaxLayers));
+  }
+  if (o.model == ModelKind::mlp && (o.hidden != 0 || o.layers != 0)) {
+    const std::size_t n = param_count(model_spec(o.model, o.hidden, o.layers));
+    if (n > kMaxParams) {
+      throw ConfigError("--hidden " + std::to_string(o.hidden) + " --layers " +
+                        std::to_string(o.layers) + ": " + std::to_string(n) +
+                        " parameters, above the " + std::to_string(kMaxParams) +
+                        " ddp-train takes");
+    }
+  }
 }
 
 }  // namespace ddp::train

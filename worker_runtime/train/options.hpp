@@ -70,6 +70,10 @@ struct TrainOptions {
   int save_every = 0;
   int batch_size = 32;
   ModelKind model = ModelKind::mlp;  // --model; without it, linear for the synthetic dataset
+  // --hidden / --layers: the MLP's width and number of hidden layers (0: its default shape,
+  // 784-256-128-10), to make a model as large as a memory test needs.
+  std::size_t hidden = 0;
+  int layers = 0;
   DatasetKind dataset = DatasetKind::fashion_mnist;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::size_t train_subset = 0;

@@ -45,11 +45,13 @@ std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c
       co.max_rows = std::max(static_cast<std::size_t>(o.batch_size), kPredictChunkRows);
       co.precision = o.precision;
       co.bucket_cap_mb = o.bucket_cap_mb;
-      return make_cuda_engine(model_spec(o.model), o.optimizer, c.device_comm, co);
+      return make_cuda_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.device_comm,
+                              co);
     }
     case Device::cpu: break;
   }
-  return make_cpu_engine(model_spec(o.model), o.optimizer, c.comm, o.bucket_cap_mb);
+  return make_cpu_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
+                         o.bucket_cap_mb);
 }
 
 // How a communicator reports a peer's failure mid-step: IoError (gloo, shm), NcclError (nccl).
