@@ -190,7 +190,9 @@ std::string spelled_names(const FlagSpec& s) {
 
 std::string help_text() {
   std::string out =
-      "usage: ddprun [options] training_script [training_script_args ...]\n\n"
+      "usage: ddprun [options] training_script [training_script_args ...]\n"
+      "       ddprun status --rdzv-endpoint HOST[:PORT] [--run-id ID] [--watch] [--json]\n"
+      "                     (a running job's nodes and ranks; ddprun status --help)\n\n"
       "A torchrun-compatible launcher: torchrun 2.15's flags, meanings and defaults.\n"
       "PET_<FLAG> environment variables give defaults for the flags marked (PET); the command\n"
       "line wins.\n\n"
