@@ -23,12 +23,11 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/env.hpp"
-
-extern char** environ;
+#include "bench_comm.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using ddp::bench::parse_size;
 constexpr long kMinIters = 5;
 constexpr long kMaxIters = 100000;
 
@@ -40,25 +39,6 @@ struct Args {
   bool shm = true;
   std::string out;
 };
-
-// Bytes with an optional K or M suffix (KiB, MiB); a positive multiple of 4.
-std::size_t parse_size(const std::string& text) {
-  std::size_t mult = 1;
-  std::string digits = text;
-  if (!digits.empty() && (digits.back() == 'K' || digits.back() == 'k')) mult = 1024;
-  if (!digits.empty() && (digits.back() == 'M' || digits.back() == 'm')) mult = 1024 * 1024;
-  if (mult > 1) digits.pop_back();
-  std::size_t used = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(digits, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (digits.empty() || used != digits.size() || n == 0 || (n * mult) % 4 != 0)
-    throw ddp::ConfigError("--sizes: '" + text + "' is not a positive multiple of 4 bytes");
-  return static_cast<std::size_t>(n) * mult;
-}
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -103,37 +83,10 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The largest of every rank's `seconds` (all_gather: the communicator has no MAX reduction).
-double slowest(ddp::worker::Communicator& comm, double seconds) {
-  std::vector<double> all(static_cast<std::size_t>(comm.size()));
-  comm.all_gather(&seconds, all.data(), sizeof(double));
-  return *std::max_element(all.begin(), all.end());
-}
-
 int run(const Args& args) {
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  const auto env = ddp::worker::read_worker_env(vars);
-  ddp::worker::WorkerStore store(env);
-  ddp::worker::CommOptions options;
-  options.rank = env.rank;
-  options.size = env.world_size;
-  options.store = store.client();
-  options.key_prefix = env.store_prefix() + "/gloo";
-  options.route_towards = env.master_addr;
-  auto comm = ddp::worker::make_gloo_communicator(options);
-  // As ddp-train does: ranks that share one host all-reduce through shared memory.
-  if (args.shm && env.local_world_size == env.world_size) {
-    comm = ddp::worker::make_local_communicator(std::move(comm), options);
-  }
+  ddp::bench::BenchComm b = ddp::bench::open_comm(args.shm);
+  const auto& env = b.env;
+  auto& comm = b.comm;
   const int n = comm->size();
 
   nlohmann::json results = nlohmann::json::array();
@@ -151,23 +104,9 @@ int run(const Args& args) {
         return 1;
       }
     }
-    comm->barrier();
-    for (int i = 0; i < args.warmup; ++i) comm->all_reduce_sum(buf.data(), count);
-    long k = 1;
-    double took = 0;
-    for (;;) {
-      const auto t0 = Clock::now();
-      for (long i = 0; i < k; ++i) comm->all_reduce_sum(buf.data(), count);
-      took = slowest(*comm, seconds_since(t0));
-      if (took >= args.target_s / 10 || k >= kMaxIters) break;
-      k *= 2;
-    }
-    const auto want = std::ceil(args.target_s * static_cast<double>(k) / std::max(took, 1e-9));
-    const long iters = std::clamp(static_cast<long>(std::min(want, 1e9)), kMinIters, kMaxIters);
-    comm->barrier();
-    const auto t0 = Clock::now();
-    for (long i = 0; i < iters; ++i) comm->all_reduce_sum(buf.data(), count);
-    const double per_op = slowest(*comm, seconds_since(t0)) / static_cast<double>(iters);
+    const auto [iters, per_op] = ddp::bench::time_calls(
+        *comm, [&] { comm->all_reduce_sum(buf.data(), count); }, args.warmup, args.target_s,
+        kMinIters, kMaxIters);
     const double algbw = static_cast<double>(bytes) / per_op / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     results.push_back({{"bytes", bytes},
@@ -183,11 +122,7 @@ int run(const Args& args) {
                    bytes, iters, per_op * 1e6, algbw, busbw);
     }
   }
-  if (env.rank == 0 && !args.out.empty()) {
-    std::ofstream f(args.out);
-    f << results.dump(2) << "\n";
-    if (!f) throw ddp::IoError("cannot write " + args.out);
-  }
+  if (env.rank == 0 && !args.out.empty()) ddp::bench::write_json(results, args.out);
   return 0;
 }
 

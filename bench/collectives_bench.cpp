@@ -22,12 +22,11 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/env.hpp"
-
-extern char** environ;
+#include "bench_comm.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using ddp::bench::parse_size;
 constexpr long kMinIters = 3;
 constexpr long kMaxIters = 100000;
 
@@ -48,25 +47,6 @@ std::vector<std::string> split(const std::string& text) {
     if (!item.empty()) items.push_back(item);
   }
   return items;
-}
-
-// Bytes with an optional K or M suffix (KiB, MiB); a positive multiple of 4.
-std::size_t parse_size(const std::string& text) {
-  std::size_t mult = 1;
-  std::string digits = text;
-  if (!digits.empty() && (digits.back() == 'K' || digits.back() == 'k')) mult = 1024;
-  if (!digits.empty() && (digits.back() == 'M' || digits.back() == 'm')) mult = 1024 * 1024;
-  if (mult > 1) digits.pop_back();
-  std::size_t used = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(digits, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (digits.empty() || used != digits.size() || n == 0 || (n * mult) % 4 != 0)
-    throw ddp::ConfigError("--sizes: '" + text + "' is not a positive multiple of 4 bytes");
-  return static_cast<std::size_t>(n) * mult;
 }
 
 Args parse_args(int argc, char** argv) {
@@ -116,16 +96,6 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double slowest(ddp::worker::Communicator& comm, double seconds) {
-  std::vector<double> all(static_cast<std::size_t>(comm.size()));
-  comm.all_gather(&seconds, all.data(), sizeof(double));
-  return *std::max_element(all.begin(), all.end());
-}
-
 // One call of `op` checked: rank q's whole is q + 1 everywhere (reduce-scatter: every element
 // of the part is n(n+1)/2), or its part is q + 1 (all-gather: part q of the whole is q + 1).
 bool check_once(ddp::worker::Communicator& comm, const std::string& op,
@@ -152,24 +122,9 @@ bool check_once(ddp::worker::Communicator& comm, const std::string& op,
 }
 
 int run(const Args& args) {
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  const auto env = ddp::worker::read_worker_env(vars);
-  ddp::worker::WorkerStore store(env);
-  ddp::worker::CommOptions options;
-  options.rank = env.rank;
-  options.size = env.world_size;
-  options.store = store.client();
-  options.key_prefix = env.store_prefix() + "/gloo";
-  options.route_towards = env.master_addr;
-  auto comm = ddp::worker::make_gloo_communicator(options);
-  if (args.shm && env.local_world_size == env.world_size) {
-    comm = ddp::worker::make_local_communicator(std::move(comm), options);
-  }
+  ddp::bench::BenchComm b = ddp::bench::open_comm(args.shm);
+  const auto& env = b.env;
+  auto& comm = b.comm;
   const int n = comm->size();
   const auto r = static_cast<std::size_t>(env.rank);
 
@@ -192,23 +147,8 @@ int run(const Args& args) {
                                  : std::function<void()>([&] {
                                      comm->all_gather_v(part.data(), whole.data(), counts);
                                    });
-      comm->barrier();
-      for (int i = 0; i < args.warmup; ++i) call();
-      long k = 1;
-      double took = 0;
-      for (;;) {
-        const auto t0 = Clock::now();
-        for (long i = 0; i < k; ++i) call();
-        took = slowest(*comm, seconds_since(t0));
-        if (took >= args.target_s / 10 || k >= kMaxIters) break;
-        k *= 2;
-      }
-      const auto want = std::ceil(args.target_s * static_cast<double>(k) / std::max(took, 1e-9));
-      const long iters = std::clamp(static_cast<long>(std::min(want, 1e9)), kMinIters, kMaxIters);
-      comm->barrier();
-      const auto t0 = Clock::now();
-      for (long i = 0; i < iters; ++i) call();
-      const double per_op = slowest(*comm, seconds_since(t0)) / static_cast<double>(iters);
+      const auto [iters, per_op] =
+          ddp::bench::time_calls(*comm, call, args.warmup, args.target_s, kMinIters, kMaxIters);
       const double algbw = static_cast<double>(bytes) / per_op / 1e9;
       results.push_back({{"op", op},
                          {"bytes", bytes},
@@ -224,11 +164,7 @@ int run(const Args& args) {
       }
     }
   }
-  if (env.rank == 0 && !args.out.empty()) {
-    std::ofstream f(args.out);
-    f << results.dump(2) << "\n";
-    if (!f) throw ddp::IoError("cannot write " + args.out);
-  }
+  if (env.rank == 0 && !args.out.empty()) ddp::bench::write_json(results, args.out);
   return 0;
 }
 
