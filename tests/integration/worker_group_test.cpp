@@ -290,6 +290,14 @@ TEST_CASE("spawn_workers gives each worker its own progress pipe", "[integration
   CHECK(progress.ranks().at(0).reported);
   CHECK_FALSE(progress.ranks().at(1).reported);
 
+  // Rank 1 has said nothing: until it has exec'd, /proc shows the forked agent's environment
+  // and fds, not the worker's (a race under load).
+  for (int i = 0; i < 100; ++i) {
+    bool both = true;
+    for (pid_t pid : workers.pids()) both = both && !env_of(pid, "DDPRUN_PROGRESS_FD").empty();
+    if (both) break;
+    std::this_thread::sleep_for(50ms);
+  }
   // Each worker holds its own write end and not its sibling's; the agent holds read ends only.
   const auto self = fd_links(::getpid());
   std::string pipe_of[2];
