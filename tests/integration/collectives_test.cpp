@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "../support/ranks.hpp"
+#include "../support/comm_job.hpp"
 #include "../support/store_fixture.hpp"
 #include <cstring>
 #include <functional>
@@ -22,10 +23,7 @@ using Counts = std::vector<std::size_t>;
 
 namespace {
 
-// Catch2 v2 assertions are not thread-safe: rank threads throw, run_ranks rethrows.
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("expected: " + what);
-}
+using ddp::test::expect;
 
 std::string describe(const Counts& counts) {
   std::string s = "counts {";
@@ -35,35 +33,7 @@ std::string describe(const Counts& counts) {
   return s + "}";
 }
 
-struct Job : ddp::test::ServerFixture {
-  Job()
-      : ServerFixture([] {
-          rdzv::ServerOptions o;
-          o.threads = 2;
-          return o;
-        }()) {}
-
-  // Runs body(comm) on n ranks as threads over `backend` ("gloo" or "shm").
-  void run(const std::string& backend, int n, const std::string& prefix,
-           const std::function<void(worker::Communicator&)>& body) {
-    ddp::test::run_ranks(n, [&](int r) {
-      rdzv::ClientOptions co;
-      co.timeout = 20s;
-      worker::CommOptions o;
-      o.rank = r;
-      o.size = n;
-      o.store = std::shared_ptr<rdzv::StoreClient>(client(co));
-      o.key_prefix = prefix;
-      o.timeout = 20s;
-      auto comm = worker::make_gloo_communicator(o);
-      if (backend == "shm") {
-        comm = worker::make_local_communicator(std::move(comm), o);
-        expect(std::string(comm->backend()) == "gloo+shm", "the shared-memory communicator");
-      }
-      body(*comm);
-    });
-  }
-};
+using Job = ddp::test::CommJob;
 
 // Small integers, so every sum of up to 8 of them is exact whatever the order.
 float value(int rank, std::size_t i) {

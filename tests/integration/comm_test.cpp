@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "../support/ranks.hpp"
+#include "../support/comm_job.hpp"
 #include "../support/store_fixture.hpp"
 #include <atomic>
 #include <cmath>
@@ -27,41 +28,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Catch2 v2 assertions are not thread-safe: rank threads throw instead, and Job::run rethrows
-// the first failure on the test's own thread.
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("expected: " + what);
-}
-
-struct Job : ddp::test::ServerFixture {
-  Job()
-      : ServerFixture([] {
-          rdzv::ServerOptions o;
-          o.threads = 2;
-          return o;
-        }()) {}
-
-  worker::CommOptions options(int rank, int size, const std::string& prefix) {
-    rdzv::ClientOptions co;
-    co.timeout = 10s;
-    worker::CommOptions o;
-    o.rank = rank;
-    o.size = size;
-    o.store = std::shared_ptr<rdzv::StoreClient>(client(co));
-    o.key_prefix = prefix;
-    o.timeout = 10s;
-    return o;
-  }
-
-  // Runs body(comm) on `size` ranks as threads (run_ranks); rethrows the first failure.
-  void run(int size, const std::string& prefix,
-           const std::function<void(worker::Communicator&)>& body) {
-    ddp::test::run_ranks(size, [&](int r) {
-      auto comm = worker::make_gloo_communicator(options(r, size, prefix));
-      body(*comm);
-    });
-  }
+struct Job : ddp::test::CommJob {
+  Job() : CommJob(std::chrono::seconds(10)) {}
 };
+using ddp::test::expect;
 
 }  // namespace
 
