@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -110,6 +111,24 @@ inline std::pair<long, double> time_calls(worker::Communicator& comm,
   const auto t0 = Clock::now();
   for (long i = 0; i < iters; ++i) call();
   return {iters, slowest(comm, seconds_since(t0)) / static_cast<double>(iters)};
+}
+
+// main() of a bench: 2 for bad arguments, 1 for a failure, each said on stderr with `name`.
+template <typename Parse, typename Run>
+int bench_main(const char* name, Parse parse, Run run) {
+  decltype(parse()) args;
+  try {
+    args = parse();
+  } catch (const ConfigError& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    return run(args);
+  } catch (const std::exception& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    return 1;
+  }
 }
 
 inline void write_json(const nlohmann::json& results, const std::string& path) {

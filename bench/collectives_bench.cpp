@@ -171,17 +171,6 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args;
-  try {
-    args = parse_args(argc, argv);
-  } catch (const ddp::ConfigError& e) {
-    std::cerr << "ddp_collectives_bench: " << e.what() << "\n";
-    return 2;
-  }
-  try {
-    return run(args);
-  } catch (const std::exception& e) {
-    std::cerr << "ddp_collectives_bench: " << e.what() << "\n";
-    return 1;
-  }
+  return ddp::bench::bench_main(
+      "ddp_collectives_bench", [&] { return parse_args(argc, argv); }, run);
 }
