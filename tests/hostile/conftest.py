@@ -3,6 +3,7 @@ process it attacks, a timeout, bounded counts, and files only on a small private
 suite runs in its own mount namespace, tests/hostile/run.sh) or under RLIMIT_FSIZE."""
 import os
 import resource
+import socket
 import subprocess
 import tempfile
 import time
@@ -59,3 +60,19 @@ def wait_for(pred, timeout=10.0, step=0.01):
             return True
         time.sleep(step)
     return pred()
+
+
+def raw(port):
+    """A TCP connection to 127.0.0.1:port, Nagle off (attacks send small pieces)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def send_quietly(sock, data):
+    """Sends what the server takes; a server that closes the connection ends it."""
+    try:
+        sock.sendall(data)
+        return True
+    except OSError:
+        return False

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import BIN, peak_rss_mib, rlimits, wait_for
+from conftest import BIN, peak_rss_mib, raw, rlimits, send_quietly, wait_for
 
 MIB = 1 << 20
 RSS_BUDGET_MIB = 128  # the binary, libraries, 3 threads; the HTTP server holds < 64 x 20 KiB
@@ -85,20 +85,6 @@ def ddprund():
         d.proc.wait()
 
 
-def connect(port):
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
-
-
-def send_quietly(sock, data):
-    try:
-        sock.sendall(data)
-        return True
-    except OSError:
-        return False
-
-
 def closed_by_server(sock, timeout):
     sock.settimeout(timeout)
     try:
@@ -133,7 +119,7 @@ def test_many_held_connections(ddprund):
     """500 connections opened and held: those over the cap (64) are closed at once, the rest
     after the request timeout; the store serves throughout."""
     d = ddprund
-    socks = [connect(d.http_port) for _ in range(500)]
+    socks = [raw(d.http_port) for _ in range(500)]
     try:
         assert d.store_ok()
         assert all_closed(socks, REQUEST_TIMEOUT_S + 10), "held connections were not closed"
@@ -152,7 +138,7 @@ def test_garbage(ddprund):
     rng = random.Random(18)
     socks = []
     for _ in range(50):
-        s = connect(d.http_port)
+        s = raw(d.http_port)
         send_quietly(s, bytes(rng.getrandbits(8) for _ in range(64 * 1024)))
         socks.append(s)
     assert all_closed(socks, 15)
@@ -165,7 +151,7 @@ def test_garbage(ddprund):
 def test_huge_header(ddprund):
     """Headers without end (8 MiB offered): 431 or closed once past 16 KiB, never buffered."""
     d = ddprund
-    s = connect(d.http_port)
+    s = raw(d.http_port)
     send_quietly(s, b"GET / HTTP/1.1\r\nHost: x\r\n")
     line = b"X-Pad: " + b"a" * 1000 + b"\r\n"
     for _ in range(8 * 1024):
@@ -188,7 +174,7 @@ def test_slowloris(ddprund):
     timeout: every one is closed by the timeout, not when its sender stops."""
     d = ddprund
     request = b"GET /api/runs HTTP/1.1\r\nHost: x\r\nUser-Agent: " + b"s" * 400 + b"\r\n\r\n"
-    socks = [connect(d.http_port) for _ in range(100)]
+    socks = [raw(d.http_port) for _ in range(100)]
     open_ = list(socks)
     t0 = time.monotonic()
     i = 0

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BIN, peak_rss_mib, rlimits, wait_for
+from conftest import BIN, peak_rss_mib, raw, rlimits, send_quietly, wait_for
 
 MIB = 1 << 20
 STORE_BYTES, CONN_BYTES, CLIENT_BYTES = 64 * MIB, 56 * MIB, 128 * MIB
@@ -67,21 +67,6 @@ class Ddprund:
             self.proc.wait()
             rc = None
         return rc
-
-
-def raw(port):
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
-
-
-def send_quietly(sock, data):
-    """Sends what the server takes; a server that closes the connection ends it."""
-    try:
-        sock.sendall(data)
-        return True
-    except OSError:
-        return False
 
 
 def closed_by_server(sock, timeout=10.0):
