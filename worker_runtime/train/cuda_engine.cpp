@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ddp/kernels/check.hpp"
+#include "ddp/kernels/conv_ops.hpp"
 #include "ddp/kernels/cuda_ops.hpp"
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
@@ -65,6 +66,12 @@ class CudaEngine final : public Engine {
         bf16_(o.precision == Precision::bf16),
         buckets_(plan_buckets(model_, std::size_t{1} << 20,
                               static_cast<std::size_t>(o.bucket_cap_mb * 1024 * 1024))) {
+    for (const auto& l : model_.spec().layers) {
+      if (l.kind != LayerKind::linear || l.pool > 1 || l.dropout > 0.0f) {
+        throw ConfigError("--model " + model_.spec().name +
+                          ": the CUDA engine runs linear layers only; use --device cpu");
+      }
+    }
     DDP_CUDA_CHECK(cudaSetDevice(device_));
     if (comm != nullptr && comm->size() > 1) {
       stream_comm_ = dynamic_cast<worker::StreamAllReduce*>(comm);
@@ -204,6 +211,10 @@ class CudaEngine final : public Engine {
       case OptimizerKind::adam:
         gpu::adam_step(p_.get(), g_.get(), state_.get(), state_.get() + n, n, c.lr, c.beta1,
                        c.beta2, c.eps, opt_.steps(), stream_);
+        break;
+      case OptimizerKind::adadelta:
+        gpu::adadelta_step(p_.get(), g_.get(), state_.get(), state_.get() + n, n, c.lr, c.rho,
+                           c.ada_eps, stream_);
         break;
       case OptimizerKind::sgd:
         gpu::sgd_step(p_.get(), g_.get(), opt_.state().empty() ? nullptr : state_.get(), n, c.lr,

@@ -3,8 +3,19 @@
 
 #include "ddp/proto/error.hpp"
 #include "reducer.hpp"
+#include "snapshot.hpp"
 
 namespace ddp::train {
+
+std::uint64_t Engine::param_checksum() {
+  download();
+  return fnv1a64(model_.params().data(), model_.params().size() * sizeof(float));
+}
+
+std::size_t Engine::state_bytes_peak() const {
+  return (2 * model_.param_count() + opt_.state().size()) * sizeof(float);
+}
+
 namespace {
 
 class CpuEngine final : public Engine {
@@ -21,7 +32,7 @@ class CpuEngine final : public Engine {
 
   void micro_batch(const float* x, const std::uint8_t* labels, const float* targets,
                    std::size_t rows, float scale, bool sync) override {
-    model_.forward(x, rows);
+    model_.forward(x, rows, true);
     loss_ += model_.loss(labels, targets, rows, scale) / static_cast<double>(rows);
     if (sync) {
       model_.backward(x, rows, [&](std::size_t layer) { reducer_.layer_done(layer); });

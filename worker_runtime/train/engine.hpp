@@ -13,6 +13,7 @@
 #include "model.hpp"
 #include "optimizer.hpp"
 #include "options.hpp"
+#include "shard_layout.hpp"
 
 namespace ddp::worker {
 class Communicator;
@@ -48,10 +49,28 @@ class Engine {
   // The model's output for x [rows][in] (rows <= the engine's capacity, see kPredictChunkRows),
   // in host memory owned by the engine.
   virtual const float* predict(const float* x, std::size_t rows) = 0;
+  // True when predict() is collective (full sharding gathers each layer): every rank must then
+  // evaluate, in step.
+  virtual bool collective_predict() const { return false; }
+
+  // Sharded engines: which part of every layer this rank holds, and its shard of the
+  // parameters (optimizer().state() then covers the shard only). Null for replicated engines,
+  // whose parameters are model().params().
+  virtual const ShardLayout* shard_layout() const { return nullptr; }
+  virtual float* shard_params() { return nullptr; }
+  virtual Sharding sharding() const { return Sharding::none; }
+  // FNV-1a 64 of the whole parameter vector in the flat layout; collective on a sharded engine
+  // (every rank calls it), and the same value at every sharding level for the same parameters.
+  virtual std::uint64_t param_checksum();
+  // The most bytes of parameters, gradients and optimizer state this rank held at once
+  // (gathered layers and unsharded gradients included).
+  virtual std::size_t state_bytes_peak() const;
 
  protected:
-  Engine(ModelSpec spec, const OptimizerConfig& opt)
-      : model_(std::move(spec)), opt_(opt, model_.param_count()) {}
+  Engine(ModelSpec spec, const OptimizerConfig& opt, bool own_buffers = true,
+         std::size_t opt_params = 0)
+      : model_(std::move(spec), own_buffers),
+        opt_(opt, own_buffers && opt_params == 0 ? model_.param_count() : opt_params) {}
   Model model_;
   Optimizer opt_;
 };
@@ -59,6 +78,12 @@ class Engine {
 // comm may be null (one process).
 std::unique_ptr<Engine> make_cpu_engine(ModelSpec spec, const OptimizerConfig& opt,
                                         worker::Communicator* comm, double bucket_cap_mb);
+
+// A sharded CPU engine (sharded_engine.cpp): `level` other than none; comm may be null (one
+// rank: the shard is the whole model). prefetch: gather the next layer while this one computes.
+std::unique_ptr<Engine> make_sharded_engine(ModelSpec spec, const OptimizerConfig& opt,
+                                            worker::Communicator* comm, Sharding level,
+                                            bool prefetch, double bucket_cap_mb);
 
 struct CudaEngineOptions {
   int device = 0;

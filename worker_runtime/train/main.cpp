@@ -95,14 +95,17 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--batch-size,--batch_size", o.batch_size, "samples per rank per step")
       ->capture_default_str();
-  app.add_option("--model", words.model, "mlp | autoencoder | linear");
+  app.add_option("--model", words.model, "mlp | autoencoder | linear | convnet");
   app.add_option("--dataset", words.dataset, "fashion-mnist | synthetic")->capture_default_str();
   app.add_option("--data", o.data_dir, "folder of the IDX files")->capture_default_str();
   app.add_option("--train-subset", o.train_subset, "use the first N training samples");
   app.add_option("--synthetic-size", o.synthetic_size, "samples of the synthetic dataset")
       ->capture_default_str();
   app.add_option("--lr", o.optimizer.lr, "learning rate")->capture_default_str();
-  app.add_option("--optimizer", words.optimizer, "sgd | adam")->capture_default_str();
+  app.add_option("--optimizer", words.optimizer, "sgd | adam | adadelta")->capture_default_str();
+  app.add_option("--lr-gamma", o.lr_gamma,
+                 "StepLR: epoch e runs with lr x gamma^e, gamma in (0, 1]")
+      ->capture_default_str();
   app.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation and shuffle seed")->capture_default_str();
   app.add_option("--hidden", o.hidden, "mlp: units per hidden layer (default 256, then 128)");
@@ -122,9 +125,17 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", o.max_steps, "stop after N optimizer steps (0: no limit)");
   app.add_option("--log-every", o.log_every, "progress line every N steps (0: ~10 per epoch)");
   app.add_flag("--no-eval", no_eval, "skip the test-set evaluation");
+  app.add_option("--sharding", words.sharding,
+                 "none | optimizer | gradients | full (ZeRO-1/2/3; FSDP NO_SHARD, SHARD_GRAD_OP, "
+                 "FULL_SHARD)")
+      ->capture_default_str();
+  bool no_prefetch = false;
+  app.add_flag("--no-prefetch", no_prefetch,
+               "full sharding: gather each layer only when it runs (no overlap)");
   try {
     app.parse(argc, argv);
     o.eval = !no_eval;
+    o.prefetch = !no_prefetch;
     if (auto fault = knobs::text("DDP_TRAIN_FAULT", &env)) o.fault = train::parse_fault(*fault);
     shm_allreduce = knobs::flag01("DDP_SHM_ALLREDUCE", &env);  // checked before any peer
     progress_fd = knobs::text("DDPRUN_PROGRESS_FD", &env);

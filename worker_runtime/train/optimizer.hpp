@@ -1,5 +1,6 @@
-// torch.optim.SGD (with momentum) and torch.optim.Adam over the flat parameter buffer. The
-// state is one flat float vector, so snapshots store it as is.
+// torch.optim.SGD (with momentum), torch.optim.Adam and torch.optim.Adadelta over the flat
+// parameter buffer. The state is one flat float vector, so snapshots store it as is. The
+// learning rate can change between steps (set_lr: the trainer's per-epoch StepLR schedule).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,7 @@
 
 namespace ddp::train {
 
-enum class OptimizerKind { sgd, adam };  // --optimizer (options.hpp names them)
+enum class OptimizerKind { sgd, adam, adadelta };  // --optimizer (options.hpp names them)
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::sgd;
@@ -15,7 +16,9 @@ struct OptimizerConfig {
   float momentum = 0.0f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
-  float eps = 1e-8f;
+  float eps = 1e-8f;  // Adam's
+  float rho = 0.9f;   // Adadelta's (torch's defaults)
+  float ada_eps = 1e-6f;
 };
 
 class Optimizer {
@@ -23,8 +26,12 @@ class Optimizer {
   Optimizer(OptimizerConfig config, std::size_t params);
   void step(float* params, const float* grads);
   const OptimizerConfig& config() const { return config_; }
-  std::vector<float>& state() { return state_; }  // SGD: momentum buffer; Adam: m, then v
-  std::int64_t steps() const { return steps_; }
+  // The learning rate of the next steps (a scheduler's; lr must be positive and finite).
+  void set_lr(float lr) { config_.lr = lr; }
+  // SGD: momentum buffer; Adam: m, then v; Adadelta: square_avg, then acc_delta.
+  std::vector<float>& state() { return state_; }
+  const std::vector<float>& state() const { return state_; }
+  std::int64_t steps() const { return steps_; }  // snapshots' adam_t, for every kind
   void set_steps(std::int64_t t) { steps_ = t; }
 
  private:

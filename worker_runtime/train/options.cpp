@@ -25,14 +25,20 @@ struct Name {
 
 constexpr Name<Device> kDevices[] = {{Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
 constexpr Name<Backend> kBackends[] = {{Backend::gloo, "gloo"}, {Backend::nccl, "nccl"}};
+constexpr Name<Sharding> kShardings[] = {{Sharding::none, "none"},
+                                         {Sharding::optimizer, "optimizer"},
+                                         {Sharding::gradients, "gradients"},
+                                         {Sharding::full, "full"}};
 constexpr Name<Precision> kPrecisions[] = {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}};
 constexpr Name<DatasetKind> kDatasets[] = {{DatasetKind::fashion_mnist, "fashion-mnist"},
                                            {DatasetKind::synthetic, "synthetic"}};
 constexpr Name<ModelKind> kModels[] = {{ModelKind::mlp, "mlp"},
                                        {ModelKind::autoencoder, "autoencoder"},
-                                       {ModelKind::linear, "linear"}};
+                                       {ModelKind::linear, "linear"},
+                                       {ModelKind::convnet, "convnet"}};
 constexpr Name<OptimizerKind> kOptimizers[] = {{OptimizerKind::sgd, "sgd"},
-                                               {OptimizerKind::adam, "adam"}};
+                                               {OptimizerKind::adam, "adam"},
+                                               {OptimizerKind::adadelta, "adadelta"}};
 
 template <typename E, std::size_t N>
 std::string name_of(const Name<E> (&table)[N], E value) {
@@ -62,6 +68,7 @@ E parse(const Name<E> (&table)[N], std::string_view word, const char* flag, cons
 std::string to_string(Device d) { return name_of(kDevices, d); }
 std::string to_string(Backend b) { return name_of(kBackends, b); }
 std::string to_string(Precision p) { return name_of(kPrecisions, p); }
+std::string to_string(Sharding s) { return name_of(kShardings, s); }
 std::string to_string(DatasetKind d) { return name_of(kDatasets, d); }
 std::string to_string(ModelKind m) { return name_of(kModels, m); }
 std::string to_string(OptimizerKind k) { return name_of(kOptimizers, k); }
@@ -71,7 +78,7 @@ std::optional<OptimizerKind> optimizer_named(std::string_view name) {
   return find(kOptimizers, name);
 }
 ModelKind parse_model(std::string_view name) {
-  return parse(kModels, name, "--model", "mlp, autoencoder or linear");
+  return parse(kModels, name, "--model", "mlp, autoencoder, linear or convnet");
 }
 
 Fault parse_fault(const std::string& text) {
@@ -151,13 +158,14 @@ void apply_choices(const ChoiceWords& w, const std::function<bool()>& cuda_visib
                       ": gradients on the GPU go through nccl, on the CPU through gloo");
   }
   o.precision = parse(kPrecisions, w.precision, "--precision", "fp32 or bf16");
+  o.sharding = parse(kShardings, w.sharding, "--sharding", "none, optimizer, gradients or full");
   o.dataset = parse(kDatasets, w.dataset, "--dataset", "fashion-mnist or synthetic");
   if (w.model.empty()) {
     o.model = o.dataset == DatasetKind::synthetic ? ModelKind::linear : ModelKind::mlp;
   } else {
     o.model = parse_model(w.model);
   }
-  o.optimizer.kind = parse(kOptimizers, w.optimizer, "--optimizer", "sgd or adam");
+  o.optimizer.kind = parse(kOptimizers, w.optimizer, "--optimizer", "sgd, adam or adadelta");
 }
 
 void validate(const TrainOptions& o) {
@@ -168,6 +176,9 @@ void validate(const TrainOptions& o) {
   if (!(o.optimizer.lr > 0.0f) || !std::isfinite(o.optimizer.lr)) {
     throw ConfigError("--lr must be a positive number");
   }
+  if (!(o.lr_gamma > 0.0f) || o.lr_gamma > 1.0f) {
+    throw ConfigError("--lr-gamma must be in (0, 1] (1: a constant learning rate)");
+  }
   if (o.optimizer.momentum < 0.0f || o.optimizer.momentum >= 1.0f) {
     throw ConfigError("--momentum must be in [0, 1)");
   }
@@ -175,6 +186,10 @@ void validate(const TrainOptions& o) {
     throw ConfigError("--bucket-cap-mb must be in (0, 4096]");
   }
   if (o.max_steps < 0) throw ConfigError("--max-steps must be >= 0");
+  if (o.sharding != Sharding::none && o.device == Device::cuda) {
+    throw ConfigError("--sharding " + to_string(o.sharding) +
+                      " runs on the CPU engine only; use --device cpu (or --sharding none)");
+  }
   if (o.precision == Precision::bf16 && o.device != Device::cuda) {
     throw ConfigError("--precision bf16 needs --device cuda (the CPU path computes in fp32)");
   }
@@ -182,6 +197,10 @@ void validate(const TrainOptions& o) {
   if ((o.hidden != 0 || o.layers != 0) && o.model != ModelKind::mlp) {
     throw ConfigError("--hidden and --layers shape the mlp only (--model " + to_string(o.model) +
                       ")");
+  }
+  if (o.model == ModelKind::convnet && o.dataset != DatasetKind::fashion_mnist) {
+    throw ConfigError("--model convnet with --dataset " + to_string(o.dataset) +
+                      ": the convnet reads 28x28 images (--dataset fashion-mnist)");
   }
   if (o.hidden > kMaxHidden) {
     throw ConfigError("--hidden " + std::to_string(o.hidden) + ": at most " +

@@ -16,6 +16,7 @@
 
 #include "model.hpp"
 #include "optimizer.hpp"
+#include "shard_layout.hpp"
 
 namespace ddp::train {
 
@@ -30,11 +31,12 @@ std::string to_string(Precision p);
 std::string to_string(DatasetKind d);
 std::string to_string(ModelKind m);
 std::string to_string(OptimizerKind k);
+std::string to_string(Sharding s);
 
 // A name's choice, or nullopt (no throw): for names read back from a snapshot.
 std::optional<ModelKind> model_named(std::string_view name);
 std::optional<OptimizerKind> optimizer_named(std::string_view name);
-// The same, throwing ConfigError "--model 'x': expected mlp, autoencoder or linear".
+// The same, throwing ConfigError "--model 'x': expected mlp, autoencoder, linear or convnet".
 ModelKind parse_model(std::string_view name);
 
 // DDP_TRAIN_FAULT, for tests: what rank `rank` does at global step `step` (steps count from 0,
@@ -79,6 +81,9 @@ struct TrainOptions {
   std::size_t train_subset = 0;
   std::size_t synthetic_size = 2048;
   OptimizerConfig optimizer;
+  // --lr-gamma: StepLR(step_size=1, gamma): epoch e (0-based, from the job's start, so a resumed
+  // job continues the schedule) runs with --lr x gamma^e. 1: a constant rate.
+  float lr_gamma = 1.0f;
   std::uint64_t seed = 0;
   int grad_accum = 1;
   std::string snapshot = "snapshot.ddp";
@@ -91,6 +96,8 @@ struct TrainOptions {
   Device device = Device::cpu;
   Backend backend = Backend::gloo;
   Precision precision = Precision::fp32;  // bf16: cuda only
+  Sharding sharding = Sharding::none;     // --sharding (cpu only)
+  bool prefetch = true;                   // --no-prefetch turns full sharding's prefetch off
 };
 
 // The command line's words for the choices, as CLI11 reads them (the defaults are the flags').
@@ -101,6 +108,7 @@ struct ChoiceWords {
   std::string device = "auto";   // auto: cuda when a GPU is visible
   std::string backend = "auto";  // auto: nccl on cuda, else gloo
   std::string precision = "fp32";
+  std::string sharding = "none";
 };
 
 // Sets the choices of `o` from the words; `cuda_visible` answers "auto" for --device (called

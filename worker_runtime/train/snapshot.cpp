@@ -125,9 +125,9 @@ Snapshot decode_snapshot(std::string_view b, const std::string& name) {
   return s;
 }
 
-void write_snapshot_file(const std::string& path, const Snapshot& s) {
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks,
+                           const std::string& what) {
   namespace fs = std::filesystem;
-  const std::string bytes = encode_snapshot(s);
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string tmp = (dir / std::string(".")
@@ -136,33 +136,39 @@ void write_snapshot_file(const std::string& path, const Snapshot& s) {
                                      .append(std::to_string(::getpid())))
                               .string();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw IoError("snapshot " + path + ": cannot create " + tmp + ": " + std::strerror(errno));
-  std::size_t off = 0;
-  while (off < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw IoError("snapshot " + path + ": write failed: " + std::strerror(err));
+  if (fd < 0) throw IoError(what + ": cannot create " + tmp + ": " + std::strerror(errno));
+  for (const std::string_view bytes : chunks) {
+    std::size_t off = 0;
+    while (off < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw IoError(what + ": write failed: " + std::strerror(err));
+      }
+      off += static_cast<std::size_t>(n);
     }
-    off += static_cast<std::size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     ::unlink(tmp.c_str());
-    throw IoError("snapshot " + path + ": fsync/close failed: " + std::strerror(errno));
+    throw IoError(what + ": fsync/close failed: " + std::strerror(errno));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    throw IoError("snapshot " + path + ": rename failed: " + std::strerror(err));
+    throw IoError(what + ": rename failed: " + std::strerror(err));
   }
   if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+void write_snapshot_file(const std::string& path, const Snapshot& s) {
+  const std::string bytes = encode_snapshot(s);
+  write_file_atomically(path, {std::string_view(bytes)}, "snapshot " + path);
 }
 
 std::optional<Snapshot> read_snapshot_file(const std::string& path) {

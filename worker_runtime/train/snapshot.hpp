@@ -36,6 +36,11 @@ std::string encode_snapshot(const Snapshot& s);
 // Throws ddp::ConfigError "<name>: ..." naming what is wrong (magic, header, sizes, checksum).
 Snapshot decode_snapshot(std::string_view bytes, const std::string& name);
 
+// Writes the chunks one after another to `path` atomically: a temporary file `.<name>.tmp.<pid>`
+// in the same folder, fsync, rename, fsync of the folder. IoError messages start with `what`.
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks,
+                           const std::string& what);
+
 void write_snapshot_file(const std::string& path, const Snapshot& s);
 // nullopt when the file does not exist; throws ConfigError when it cannot be read or is bad.
 std::optional<Snapshot> read_snapshot_file(const std::string& path);

@@ -16,11 +16,13 @@
 #include <thread>
 
 #include "data.hpp"
+#include "ddp/kernels/conv_ref.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/progress.hpp"
 #include "engine.hpp"
 #include "model.hpp"
+#include "checkpoint.hpp"
 #include "report.hpp"
 #include "sampler.hpp"
 #include "snapshot.hpp"
@@ -29,13 +31,6 @@ namespace ddp::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Where the job stands between optimizer steps: what a snapshot records.
-struct Position {
-  std::int64_t epoch = 0;
-  std::int64_t step = 0;  // next micro-batch in the epoch
-  std::int64_t global_step = 0;
-};
 
 std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c) {
   switch (o.device) {
@@ -50,8 +45,22 @@ std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c
     }
     case Device::cpu: break;
   }
+  if (o.sharding != Sharding::none) {
+    return make_sharded_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
+                               o.sharding, o.prefetch, o.bucket_cap_mb);
+  }
   return make_cpu_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
                          o.bucket_cap_mb);
+}
+
+// The process's peak resident memory (VmHWM), 0 where /proc does not say.
+std::size_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
 }
 
 // How a communicator reports a peer's failure mid-step: IoError (gloo, shm), NcclError (nccl).
@@ -93,14 +102,15 @@ class Run {
   void finish_epoch(std::int64_t epoch, std::int64_t nb, double mean);
   // Snapshots and stopping.
   void save(const Position& at, const char* why);
-  void stop_on_signal();
+  void stop_on_signal(int signal, bool snapshot = true);
+  void agree_at_boundary(int& stop, bool& save_now);
   bool being_stopped() const;
   // Reporting.
   void phase(const char* word, std::int64_t step, std::int64_t samples = -1) {
     if (c_.progress != nullptr) c_.progress->report(step, word, samples);
   }
   void progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double loss, bool end);
-  void report(double secs);
+  void report(double secs, std::uint64_t checksum);
 
   const TrainOptions& o_;
   const TrainContext& c_;
@@ -119,6 +129,7 @@ class Run {
   std::int64_t steps_this_run_ = 0;
   double last_loss_ = 0.0;
   std::vector<double> epoch_losses_;
+  std::vector<double> step_losses_;  // rank 0's loss of each step of this run (the first 100k)
   bool stopping_ = false;  // a signal, --max-steps, or a peer that stopped ahead of us
   int exit_code_ = 0;      // 128 + signal when a signal stopped the run
   std::vector<float> xb_;  // one micro-batch: inputs, labels, regression targets
@@ -130,7 +141,9 @@ void Run::load_data() {
   switch (o_.dataset) {
     case DatasetKind::fashion_mnist:
       train_ = load_fashion_mnist(o_.data_dir, true, o_.train_subset);
-      if (o_.eval && leader()) test_ = load_fashion_mnist(o_.data_dir, false, 0);
+      if (o_.eval && (leader() || engine_->collective_predict())) {
+        test_ = load_fashion_mnist(o_.data_dir, false, 0);
+      }
       break;
     case DatasetKind::synthetic:
       train_ = make_synthetic(o_.train_subset > 0 ? std::min(o_.train_subset, o_.synthetic_size)
@@ -150,44 +163,9 @@ void Run::load_data() {
 }
 
 void Run::resume_or_init() {
-  model_.init(o_.seed);
-  // Rank 0 reads the snapshot and sends it to every rank, so nodes need no shared folder.
-  std::int64_t head[5] = {0, 0, 0, 0, 0};  // has, epoch, step, global_step, adam_t
-  if (leader() && !o_.snapshot.empty()) {
-    if (auto s = read_snapshot_file(o_.snapshot)) {
-      const auto& h = s->header;
-      if (model_named(h.model) != o_.model || s->params.size() != model_.param_count()) {
-        throw ConfigError("snapshot " + o_.snapshot + " holds model '" + h.model + "' with " +
-                          std::to_string(s->params.size()) + " parameters; this run trains '" +
-                          to_string(o_.model) + "' with " + std::to_string(model_.param_count()) +
-                          " (remove the file or pass another --snapshot)");
-      }
-      if (optimizer_named(h.optimizer) != opt_.config().kind ||
-          s->opt_state.size() != opt_.state().size()) {
-        throw ConfigError("snapshot " + o_.snapshot + " was written with --optimizer " +
-                          h.optimizer + "; this run uses " + to_string(opt_.config().kind));
-      }
-      model_.params() = s->params;
-      opt_.state() = s->opt_state;
-      head[0] = 1;
-      head[1] = h.epoch;
-      head[2] = h.step;
-      head[3] = h.global_step;
-      head[4] = h.adam_t;
-    }
-  }
-  if (c_.comm != nullptr) {
-    c_.comm->broadcast(head, sizeof head, 0);
-    c_.comm->broadcast(model_.params().data(), model_.param_count() * sizeof(float), 0);
-    if (head[0] != 0 && !opt_.state().empty()) {
-      c_.comm->broadcast(opt_.state().data(), opt_.state().size() * sizeof(float), 0);
-    }
-  }
-  engine_->upload();
-  if (head[0] != 0) {
+  if (auto at = load_or_init(*engine_, o_, c_)) {
     resumed_ = true;
-    start_ = {head[1], head[2], head[3]};
-    opt_.set_steps(head[4]);
+    start_ = *at;
     last_saved_ = start_;
     if (leader()) {
       out() << "ddp-train: resuming from snapshot " << o_.snapshot << ": epoch " << start_.epoch
@@ -197,32 +175,21 @@ void Run::resume_or_init() {
   }
 }
 
+// Replicated: rank 0 writes. Sharded: every rank writes its shard, at the same positions (the
+// callers are collective then: step boundaries agree, see agree_at_boundary()).
 void Run::save(const Position& at, const char* why) {
-  if (!leader() || o_.snapshot.empty()) return;
-  if (last_saved_ && last_saved_->global_step == at.global_step && last_saved_->epoch == at.epoch &&
-      last_saved_->step == at.step) {
-    return;
-  }
+  const bool sharded = engine_->shard_layout() != nullptr;
+  if ((!leader() && !sharded) || o_.snapshot.empty()) return;
+  if (last_saved_ && *last_saved_ == at) return;
   phase("checkpoint", at.global_step);
-  engine_->download();
-  Snapshot s;
-  s.header.model = to_string(o_.model);
-  s.header.optimizer = to_string(opt_.config().kind);
-  s.header.epoch = at.epoch;
-  s.header.step = at.step;
-  s.header.global_step = at.global_step;
-  s.header.adam_t = opt_.steps();
-  s.header.seed = o_.seed;
-  s.header.lr = opt_.config().lr;
-  s.header.world_size = c_.world;
-  s.header.batch_size = o_.batch_size;
-  s.params = model_.params();
-  s.opt_state = opt_.state();
-  write_snapshot_file(o_.snapshot, s);
+  save_snapshot(*engine_, o_, c_, at);
   last_saved_ = at;
-  out() << "ddp-train: snapshot " << o_.snapshot << " written (" << why << "): epoch " << at.epoch
-        << " step " << at.step << " global step " << at.global_step << "\n"
-        << std::flush;
+  if (leader()) {
+    out() << "ddp-train: " << (sharded ? "sharded " : "") << "snapshot " << o_.snapshot
+          << " written (" << why << "): epoch " << at.epoch << " step " << at.step
+          << " global step " << at.global_step << "\n"
+          << std::flush;
+  }
 }
 
 // After a peer vanished mid-step: whether this rank is being stopped too. scancel signals the
@@ -256,7 +223,7 @@ void Run::announce() {
         << (c_.device_comm != nullptr ? c_.device_comm->backend()
             : c_.comm != nullptr      ? c_.comm->backend()
                                       : "none")
-        << ", device " << engine_->device()
+        << ", device " << engine_->device() << ", sharding " << to_string(engine_->sharding())
         << (o_.device == Device::cuda ? ", precision " + to_string(o_.precision) : std::string())
         << "\n"
         << std::flush;
@@ -274,7 +241,14 @@ int Run::go() {
   const double secs = std::chrono::duration<double>(Clock::now() - t0_).count();
   if (exit_code_ != 0) return exit_code_;
   save(pos_, "end of run");
-  if (leader()) report(secs);
+  const std::uint64_t checksum = engine_->param_checksum();  // collective when sharded
+  if (leader()) {
+    report(secs, checksum);
+  } else if (o_.eval && engine_->collective_predict()) {
+    std::ostringstream quiet;  // the evaluation gathers every layer: every rank takes part
+    nlohmann::json ignored;
+    evaluate(*engine_, test_, quiet, ignored);
+  }
   return 0;
 }
 
@@ -293,6 +267,10 @@ void Run::run_epoch(std::int64_t epoch) {
     c_.progress->set_total(o_.max_steps > 0 ? std::min(total, start_.global_step + o_.max_steps)
                                             : total);
   }
+  // --lr-gamma: StepLR(step_size=1), counted from the job's first epoch so a resume continues it.
+  opt_.set_lr(
+      static_cast<float>(static_cast<double>(o_.optimizer.lr) *
+                         std::pow(static_cast<double>(o_.lr_gamma), static_cast<double>(epoch))));
   EpochLoss loss;
   std::int64_t mb = epoch == start_.epoch ? pos_.step : 0;
   pos_ = {epoch, mb, pos_.global_step};
@@ -307,6 +285,7 @@ void Run::run_epoch(std::int64_t epoch) {
     pos_ = {epoch, mb, pos_.global_step + 1};
     last_loss_ = *step_loss / group;
     loss.sum += last_loss_;
+    if (step_losses_.size() < 100000) step_losses_.push_back(last_loss_);
     ++loss.steps;
     if (!std::isfinite(last_loss_)) {
       throw ConfigError("the loss is " + std::to_string(last_loss_) + " at step " +
@@ -327,11 +306,14 @@ void Run::run_epoch(std::int64_t epoch) {
 // A step boundary: a stop signal (snapshot, then stop: false), SIGUSR1 (snapshot), and
 // DDP_TRAIN_FAULT's kill.
 bool Run::at_step_boundary() {
-  if (c_.stop_signal != nullptr && c_.stop_signal->load() != 0) {
-    stop_on_signal();
+  int stop = c_.stop_signal != nullptr ? c_.stop_signal->load() : 0;
+  bool save_now = c_.save_request != nullptr && c_.save_request->exchange(false);
+  if (engine_->shard_layout() != nullptr) agree_at_boundary(stop, save_now);
+  if (stop != 0) {
+    stop_on_signal(stop);
     return false;
   }
-  if (c_.save_request != nullptr && c_.save_request->exchange(false)) save(pos_, "SIGUSR1");
+  if (save_now) save(pos_, "SIGUSR1");
   if (c_.restart_count == 0 && o_.fault.kind == FaultKind::kill && o_.fault.rank == c_.rank &&
       o_.fault.step == pos_.global_step) {
     out() << "ddp-train: DDP_TRAIN_FAULT: rank " << c_.rank << " kills itself at step "
@@ -365,6 +347,11 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
       const std::size_t rows = fill_batch(idx, static_cast<std::size_t>(mb) * B);
       const float scale = 1.0f / static_cast<float>(rows * group);
       const float* target = model_.spec().autoencoder ? xb_.data() : yb_.data();
+      // Dropout masks: a function of (seed, rank, global step, micro-batch of the epoch), so
+      // ranks and steps differ and a resumed run draws what a run never stopped would.
+      const auto u64 = [](auto v) { return static_cast<std::uint64_t>(v); };
+      const std::uint64_t by_rank = kernels::mix64(kernels::mix64(o_.seed) ^ u64(c_.rank));
+      engine_->model().set_dropout_seed(kernels::mix64(kernels::mix64(by_rank ^ u64(n)) ^ u64(mb)));
       engine_->micro_batch(xb_.data(), lb_.data(), target, rows, scale, last);
       samples_ += static_cast<std::int64_t>(rows) * c_.world;
       rows_in_step += static_cast<std::int64_t>(rows);
@@ -379,13 +366,22 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
     if (!peer_failed(e)) throw;
     // A peer failed mid-step: the parameters are still those of pos_, which every rank
     // reached; keep them so the restarted job loses no finished step.
+    const bool sharded = engine_->shard_layout() != nullptr;
     if (being_stopped()) {
       // We are being stopped too (scancel signals every rank): the peer stopped one step
-      // boundary earlier. Not a failure: the same snapshot, and the stop's exit code.
-      stop_on_signal();
+      // boundary earlier. Not a failure: the same snapshot, and the stop's exit code. (Sharded
+      // ranks agree on their boundaries, so there the peer was not stopped by a signal and no
+      // collective snapshot can be written without it.)
+      stop_on_signal(c_.stop_signal->load(), !sharded);
       return std::nullopt;
     }
-    save(pos_, "a peer failed");
+    if (!sharded) {
+      save(pos_, "a peer failed");
+    } else if (leader()) {
+      out() << "ddp-train: a peer failed; a sharded snapshot needs every rank, so the last "
+               "committed one stands\n"
+            << std::flush;
+    }
     throw;
   }
 }
@@ -418,15 +414,28 @@ void Run::finish_epoch(std::int64_t epoch, std::int64_t nb, double mean) {
 }
 
 // A stop signal arrived: the snapshot at pos_, then the run ends with 128 + the signal.
-void Run::stop_on_signal() {
-  save(pos_, "stop signal");
-  exit_code_ = 128 + c_.stop_signal->load();
+void Run::stop_on_signal(int signal, bool snapshot) {
+  if (snapshot) save(pos_, "stop signal");
+  exit_code_ = 128 + signal;
   stopping_ = true;
 }
 
+// Sharded ranks write snapshots together, so they must stop and save at the same step
+// boundary: each boundary they share their stop signal and SIGUSR1 (one small all-gather),
+// and every rank acts on the first rank's signal and on any rank's request.
+void Run::agree_at_boundary(int& stop, bool& save_now) {
+  if (c_.comm == nullptr || c_.world < 2) return;
+  const int mine[2] = {stop, save_now ? 1 : 0};
+  std::vector<int> all(2 * static_cast<std::size_t>(c_.world));
+  c_.comm->all_gather(mine, all.data(), sizeof mine);
+  for (std::size_t r = 0; r < all.size(); r += 2) {
+    if (stop == 0) stop = all[r];
+    save_now = save_now || all[r + 1] != 0;
+  }
+}
+
 // Rank 0's summary line, the evaluation and the metrics file.
-void Run::report(double secs) {
-  engine_->download();
+void Run::report(double secs, std::uint64_t checksum) {
   nlohmann::json m;
   m["model"] = to_string(o_.model);
   m["dataset"] = to_string(o_.dataset);
@@ -439,10 +448,13 @@ void Run::report(double secs) {
   m["train_seconds"] = secs;
   m["samples_per_sec"] = secs > 0 ? static_cast<double>(samples_) / secs : 0.0;
   m["final_loss"] = last_loss_;
+  m["step_losses"] = step_losses_;
   std::ostringstream sum;
-  sum << std::hex << std::setw(16) << std::setfill('0')
-      << fnv1a64(model_.params().data(), model_.param_count() * sizeof(float));
+  sum << std::hex << std::setw(16) << std::setfill('0') << checksum;
   m["param_checksum"] = sum.str();
+  m["sharding"] = to_string(engine_->sharding());
+  m["state_bytes_peak"] = engine_->state_bytes_peak();
+  m["rss_peak_bytes"] = peak_rss_bytes();
   m["resumed_from"] = resumed_ ? nlohmann::json{{"epoch", start_.epoch}, {"step", start_.step}}
                                : nlohmann::json(nullptr);
   out() << "ddp-train: " << steps_this_run_ << " steps in " << std::fixed << std::setprecision(2)

@@ -1,0 +1,159 @@
+// Starting from and writing snapshots (see checkpoint.hpp).
+#include "checkpoint.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/worker/comm.hpp"
+#include "shard_snapshot.hpp"
+
+namespace ddp::train {
+namespace {
+
+// A snapshot that cannot go into this run: another model (the slot sizes are checked by the
+// reader), another optimizer.
+void check_fits(const SnapshotReader& r, const TrainOptions& o, const Optimizer& opt,
+                const std::string& path) {
+  const SnapshotHeader& h = r.header();
+  if (model_named(h.model) != o.model) {
+    throw ConfigError("snapshot " + path + " holds model '" + h.model + "'; this run trains '" +
+                      to_string(o.model) + "' (remove the file or pass another --snapshot)");
+  }
+  if (optimizer_named(h.optimizer) != opt.config().kind || r.pieces() != state_pieces(opt)) {
+    throw ConfigError("snapshot " + path + " was written with --optimizer " + h.optimizer +
+                      "; this run uses " + to_string(opt.config().kind));
+  }
+}
+
+SnapshotHeader header_at(const Engine& engine, const TrainOptions& o, const TrainContext& c,
+                         const Position& at, const Optimizer& opt) {
+  SnapshotHeader h;
+  h.model = to_string(o.model);
+  h.optimizer = to_string(opt.config().kind);
+  h.epoch = at.epoch;
+  h.step = at.step;
+  h.global_step = at.global_step;
+  h.adam_t = opt.steps();
+  h.seed = o.seed;
+  h.lr = opt.config().lr;
+  h.world_size = c.world;
+  h.batch_size = o.batch_size;
+  (void)engine;
+  return h;
+}
+
+// A replicated engine: rank 0 reads (any format, any world) and broadcasts.
+std::optional<Position> load_replicated(Engine& e, const TrainOptions& o, const TrainContext& c) {
+  Model& model = e.model();
+  Optimizer& opt = e.optimizer();
+  model.init(o.seed);
+  std::int64_t head[5] = {0, 0, 0, 0, 0};  // has, epoch, step, global_step, adam_t
+  if (c.rank == 0 && !o.snapshot.empty()) {
+    if (auto r = SnapshotReader::open(o.snapshot, model.slots())) {
+      check_fits(*r, o, opt, o.snapshot);
+      const ShardLayout whole = make_shard_layout(model.slots(), 1, 0);  // the flat layout
+      r->read_shard(whole, model.params().data(), opt.state().empty() ? nullptr
+                                                                      : opt.state().data());
+      const auto& h = r->header();
+      head[0] = 1;
+      head[1] = h.epoch;
+      head[2] = h.step;
+      head[3] = h.global_step;
+      head[4] = h.adam_t;
+    }
+  }
+  if (c.comm != nullptr) {
+    c.comm->broadcast(head, sizeof head, 0);
+    c.comm->broadcast(model.params().data(), model.param_count() * sizeof(float), 0);
+    if (head[0] != 0 && !opt.state().empty()) {
+      c.comm->broadcast(opt.state().data(), opt.state().size() * sizeof(float), 0);
+    }
+  }
+  e.upload();
+  if (head[0] == 0) return std::nullopt;
+  opt.set_steps(head[4]);
+  return Position{head[1], head[2], head[3]};
+}
+
+// A sharded engine: every rank reads its own slices (rank 0 says first whether there is a
+// snapshot, so that every rank takes the same branch), or initialises its shard.
+std::optional<Position> load_sharded(Engine& e, const TrainOptions& o, const TrainContext& c) {
+  const ShardLayout& layout = *e.shard_layout();
+  Optimizer& opt = e.optimizer();
+  float* state = opt.state().empty() ? nullptr : opt.state().data();
+  std::int64_t has = 0;
+  if (c.rank == 0 && !o.snapshot.empty()) {
+    has = SnapshotReader::open(o.snapshot, layout.slots).has_value() ? 1 : 0;
+  }
+  if (c.comm != nullptr) c.comm->broadcast(&has, sizeof has, 0);
+  if (has == 0) {
+    const ModelSpec& spec = e.model().spec();
+    for (std::size_t k = 0; k < layout.slots.size(); ++k) {
+      init_slice(spec, o.seed, k, layout.lo[k], layout.hi[k], e.shard_params() + layout.local[k]);
+    }
+    e.upload();
+    return std::nullopt;
+  }
+  auto r = SnapshotReader::open(o.snapshot, layout.slots);
+  if (!r) {
+    throw ConfigError("snapshot " + o.snapshot + ": rank " + std::to_string(c.rank) +
+                      " does not see the file rank 0 read; with --sharding every rank reads its "
+                      "own part, so the snapshot must be in a folder every node sees");
+  }
+  check_fits(*r, o, opt, o.snapshot);
+  r->read_shard(layout, e.shard_params(), state);
+  e.upload();
+  const auto& h = r->header();
+  opt.set_steps(h.adam_t);
+  return Position{h.epoch, h.step, h.global_step};
+}
+
+}  // namespace
+
+int state_pieces(const Optimizer& opt) {
+  switch (opt.config().kind) {
+    case OptimizerKind::sgd: return opt.config().momentum != 0.0f ? 1 : 0;
+    case OptimizerKind::adam: return 2;
+    case OptimizerKind::adadelta: return 2;
+  }
+  return 0;
+}
+
+std::optional<Position> load_or_init(Engine& engine, const TrainOptions& o,
+                                     const TrainContext& c) {
+  return engine.shard_layout() != nullptr ? load_sharded(engine, o, c)
+                                          : load_replicated(engine, o, c);
+}
+
+void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,
+                   const Position& at) {
+  const Optimizer& opt = engine.optimizer();
+  const ShardLayout* layout = engine.shard_layout();
+  if (layout == nullptr) {
+    if (c.rank != 0) return;
+    engine.download();
+    Snapshot s;
+    s.header = header_at(engine, o, c, at, opt);
+    s.params = engine.model().params();
+    s.opt_state = opt.state();
+    write_snapshot_file(o.snapshot, s);
+    return;
+  }
+  const SnapshotHeader h = header_at(engine, o, c, at, opt);
+  const int pieces = state_pieces(opt);
+  const std::uint64_t mine =
+      write_shard_file(o.snapshot, h, *layout, engine.shard_params(),
+                       opt.state().empty() ? nullptr : opt.state().data(), pieces);
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(c.world), mine);
+  if (c.comm != nullptr && c.world > 1) c.comm->all_gather(&mine, sums.data(), sizeof mine);
+  if (c.rank == 0) {
+    commit_sharded_snapshot(o.snapshot, h, layout->slots, c.world, pieces,
+                            to_string(engine.sharding()), sums);
+  }
+  // The next save's files must not be written while rank 0 still tidies this one's folder.
+  if (c.comm != nullptr && c.world > 1) c.comm->barrier();
+}
+
+}  // namespace ddp::train

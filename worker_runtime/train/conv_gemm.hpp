@@ -1,0 +1,19 @@
+// Conv2d on the CPU for the trainer: im2col + sgemm (BLAS), the fast path of the MNIST convnet.
+// Equal to the plain-loop references in ddp/kernels/conv_ref.hpp within float rounding (the
+// unit tests check it). `cols` is the caller's scratch, grown as needed.
+#pragma once
+
+#include <vector>
+
+#include "ddp/kernels/conv_ref.hpp"
+
+namespace ddp::train {
+
+// y = conv(x, w) + b, shapes as kernels::Conv2dShape.
+void conv2d_gemm_forward(const float* x, const float* w, const float* b, float* y,
+                         const kernels::Conv2dShape& s, std::vector<float>& cols);
+// dw += dL/dw, db += dL/db; dx (overwritten) = dL/dx unless dx is null (the first layer).
+void conv2d_gemm_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                          float* db, const kernels::Conv2dShape& s, std::vector<float>& cols);
+
+}  // namespace ddp::train
