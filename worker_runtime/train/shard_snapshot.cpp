@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "ddp/proto/error.hpp"
@@ -123,18 +124,12 @@ void make_dirs(const fs::path& dir, const std::string& what) {
   }
 }
 
-class Fd {
- public:
-  explicit Fd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
+struct Fd {  // a file opened for reading, closed at the end of the scope
+  explicit Fd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  ~Fd() { ::close(fd); }  // -1: EBADF, harmless
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
+  int fd;
 };
 
 // n bytes at off; a file that ends early is a ConfigError naming `what`.
@@ -172,7 +167,7 @@ Checked check_file(int fd, const char* magic, std::size_t want_size, const std::
   if (c.size < kPrefix + kTrailer) throw ConfigError(what + ": too short to be a snapshot file");
   pread_exact(fd, head, kPrefix, 0, what);
   if (std::memcmp(head, magic, 8) != 0) {
-    throw ConfigError(what + ": no " + std::string(magic, 8) + " magic");
+    throw ConfigError(what + ": not a " + std::string(magic, 8) + " file (bad magic)");
   }
   std::vector<char> buf(std::size_t{1} << 20);
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -254,29 +249,21 @@ void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
     const std::string rel = shard_rel(base, h.global_step, q, world);
     const std::string full = (dir / rel).string();
     struct stat st {};
-    if (::stat(full.c_str(), &st) != 0) {
+    if (::stat(full.c_str(), &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
       throw IoError(what + ": rank " + std::to_string(q) + "'s shard file " + full +
-                    " is not there (" + std::strerror(errno) +
-                    "): every rank must write to one shared folder");
-    }
-    if (static_cast<std::size_t>(st.st_size) != bytes) {
-      throw IoError(what + ": rank " + std::to_string(q) + "'s shard file " + full + " holds " +
-                    std::to_string(st.st_size) + " bytes, " + std::to_string(bytes) + " expected");
+                    " is missing or not " + std::to_string(bytes) +
+                    " bytes long (every rank must write to one shared folder)");
     }
     files.push_back(
         {{"name", rel}, {"bytes", bytes}, {"fnv", shard_checksums[static_cast<std::size_t>(q)]}});
-  }
-  json sizes = json::array();
-  std::size_t total = 0;
-  for (const LayerSlot& s : slots) {
-    sizes.push_back(s.size());
-    total += s.size();
   }
   json j = header_json(h);
   j["world_size"] = world;
   j["sharding"] = sharding;
   j["pieces"] = pieces;
-  j["params"] = total;
+  std::vector<std::size_t> sizes;  // forward layer order
+  for (const LayerSlot& s : slots) sizes.push_back(s.size());
+  j["params"] = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
   j["slots"] = sizes;
   j["files"] = files;
   const std::string header = j.dump();
@@ -288,32 +275,26 @@ void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
   const fs::path shards = dir / (base + ".shards");
   const std::string keep = "step-" + std::to_string(h.global_step);
   const std::string own = "-of-" + std::to_string(world) + ".bin";
-  auto names = [](const fs::path& d) {
-    std::vector<std::string> out;
-    std::error_code ec;
-    for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
-      out.push_back(it->path().filename().string());
-    }
-    return out;
-  };
+  std::vector<fs::path> doomed;
   std::error_code ec;
-  for (const std::string& name : names(shards)) {
-    if (name.rfind("step-", 0) == 0 && name != keep) fs::remove_all(shards / name, ec);
+  for (fs::directory_iterator it(shards, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name != keep) doomed.push_back(it->path());
   }
   // This step saved before at another world size (a resumed run saving at once).
-  for (const std::string& name : names(shards / keep)) {
-    const bool shard = name.rfind("rank-", 0) == 0 && name.size() > 4 &&
-                       name.compare(name.size() - 4, 4, ".bin") == 0;
-    const bool ours =
-        name.size() >= own.size() && name.compare(name.size() - own.size(), own.size(), own) == 0;
-    if (shard && !ours) fs::remove(shards / keep / name, ec);
+  for (fs::directory_iterator it(shards / keep, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("rank-", 0) == 0 && name.find(own) == std::string::npos) {
+      doomed.push_back(it->path());
+    }
   }
+  for (const fs::path& p : doomed) fs::remove_all(p, ec);
 }
 
 std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
                                                    const std::vector<LayerSlot>& slots) {
   Fd fd(path);
-  if (fd.get() < 0) {
+  if (fd.fd < 0) {
     if (errno == ENOENT) return std::nullopt;
     throw ConfigError("snapshot " + path + ": cannot be read: " + std::strerror(errno));
   }
@@ -322,23 +303,22 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
   r.slots_ = slots;
   for (const LayerSlot& s : slots) r.total_ += s.size();
   char magic[8] = {};
-  if (::pread(fd.get(), magic, 8, 0) != 8) {
-    throw ConfigError("snapshot " + path + ": too short to be a snapshot file");
-  }
-  r.sharded_ = std::memcmp(magic, kIndexMagic, 8) == 0;
+  r.sharded_ = ::pread(fd.fd, magic, 8, 0) == 8 && std::memcmp(magic, kIndexMagic, 8) == 0;
   if (!r.sharded_ && std::memcmp(magic, kSnapMagic, 8) != 0) {
-    throw ConfigError("snapshot " + path + ": not a ddp-train snapshot (no DDPSNAP1 or DDPSIDX1 " +
-                      "magic" +
-                      (std::memcmp(magic, kShardMagic, 8) == 0
-                           ? "; it is a shard file, give the index beside .shards)"
-                           : ")"));
+    throw ConfigError("snapshot " + path +
+                      ": not a ddp-train snapshot (no DDPSNAP1 or DDPSIDX1 magic)");
   }
   const std::string what = (r.sharded_ ? "sharded snapshot " : "snapshot ") + path;
-  const Checked c = check_file(fd.get(), r.sharded_ ? kIndexMagic : kSnapMagic, 0, what);
+  const Checked c = check_file(fd.fd, r.sharded_ ? kIndexMagic : kSnapMagic, 0, what);
   std::size_t np = 0;
   std::size_t ns = 0;
   std::vector<std::size_t> sizes;
-  json files;
+  struct Entry {
+    std::string name;
+    std::size_t bytes;
+    std::uint64_t fnv;
+  };
+  std::vector<Entry> files;
   try {
     r.header_ = header_from(c.header);
     np = c.header.at("params").get<std::size_t>();
@@ -346,7 +326,10 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
       r.sharding_ = c.header.at("sharding").get<std::string>();
       r.pieces_ = c.header.at("pieces").get<int>();
       sizes = c.header.at("slots").get<std::vector<std::size_t>>();
-      files = c.header.at("files");
+      for (const json& e : c.header.at("files")) {
+        files.push_back({e.at("name").get<std::string>(), e.at("bytes").get<std::size_t>(),
+                         e.at("fnv").get<std::uint64_t>()});
+      }
     } else {
       ns = c.header.at("opt_state").get<std::size_t>();
     }
@@ -358,18 +341,17 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
     throw ConfigError(what + ": negative epoch, step, global_step or pieces, or no world_size");
   }
   if (!r.sharded_) {
-    if (np != r.total_) {
-      throw ConfigError(what + ": the snapshot holds " + std::to_string(np) +
-                        " parameters, the model has " + std::to_string(r.total_));
-    }
-    if (c.size - c.data_off - kTrailer != (np + ns) * 4 || (np > 0 && ns % np != 0) ||
-        (np == 0 && ns != 0)) {
-      throw ConfigError(what + ": the header says " + std::to_string(np) + " + " +
-                        std::to_string(ns) + " floats, the file holds " +
-                        std::to_string(c.size - c.data_off - kTrailer) + " bytes");
+    const std::size_t body = c.size - c.data_off - kTrailer;
+    if (np != r.total_ || body != (np + ns) * 4 || (np == 0 ? ns != 0 : ns % np != 0)) {
+      throw ConfigError(what + ": the snapshot holds " + std::to_string(np) + " parameters and " +
+                        std::to_string(ns) + " floats of optimizer state in " +
+                        std::to_string(body) + " bytes, the model has " + std::to_string(r.total_) +
+                        " parameters");
     }
     r.pieces_ = np > 0 ? static_cast<int>(ns / np) : 0;
-    r.data_off_ = c.data_off;
+    ShardFile whole{path, c.data_off, np, {}};  // one "shard": the flat layout
+    for (const LayerSlot& s : slots) whole.local.push_back(s.w);
+    r.files_.push_back(std::move(whole));
     return r;
   }
   if (sizes.size() != slots.size()) {
@@ -383,32 +365,19 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
                         std::to_string(slots[k].size()) + " in the model");
     }
   }
-  if (np != r.total_)
-    throw ConfigError(what + ": params " + std::to_string(np) + " is not the slots' sum");
   const int world = h.world_size;
-  if (!files.is_array() || files.size() != static_cast<std::size_t>(world)) {
+  if (files.size() != static_cast<std::size_t>(world)) {
     throw ConfigError(what + ": world_size " + std::to_string(world) + " but " +
-                      std::to_string(files.is_array() ? files.size() : 0) + " shard files");
+                      std::to_string(files.size()) + " shard files");
   }
   const fs::path dir = dir_of(path);
   for (int q = 0; q < world; ++q) {
     ShardFile f;
-    std::string name;
-    std::size_t bytes = 0;
-    std::uint64_t fnv = 0;
-    try {
-      const json& e = files[static_cast<std::size_t>(q)];
-      name = e.at("name").get<std::string>();
-      bytes = e.at("bytes").get<std::size_t>();
-      fnv = e.at("fnv").get<std::uint64_t>();
-    } catch (const json::exception& e) {
-      throw ConfigError(what + ": bad entry " + std::to_string(q) + " in files: " + e.what());
-    }
+    const auto& [name, bytes, fnv] = files[static_cast<std::size_t>(q)];
     const std::string expect =
         "rank-" + std::to_string(q) + "-of-" + std::to_string(world) + ".bin";
     const fs::path rel(name);
-    if (rel.is_absolute() || rel.filename() != expect ||
-        std::find(rel.begin(), rel.end(), fs::path("..")) != rel.end()) {
+    if (rel.is_absolute() || rel.filename() != expect) {
       throw ConfigError(what + ": shard file " + std::to_string(q) + " is named " + name +
                         ", not .../" + expect + " as world_size " + std::to_string(world) +
                         " wants");
@@ -416,12 +385,12 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
     f.path = (dir / rel).string();
     const std::string fwhat = what + ": shard file " + f.path;
     Fd sfd(f.path);
-    if (sfd.get() < 0) {
+    if (sfd.fd < 0) {
       throw ConfigError(fwhat + (errno == ENOENT
                                      ? std::string(" is missing")
                                      : ": cannot be read: " + std::string(std::strerror(errno))));
     }
-    const Checked sc = check_file(sfd.get(), kShardMagic, bytes, fwhat);
+    const Checked sc = check_file(sfd.fd, kShardMagic, bytes, fwhat);
     if (sc.fnv != fnv) {
       throw ConfigError(fwhat + ": checksum differs from the index's (a file of another save)");
     }
@@ -435,27 +404,26 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
                         " or size does not match the index's " + want);
     }
     f.local.resize(slots.size());
-    std::size_t at = 0;
-    for (std::size_t k = slots.size(); k-- > 0;) {  // the flat layout's order: the last first
+    for (std::size_t k = slots.size(), at = 0; k-- > 0;) {  // the flat layout's order
       f.local[k] = at;
-      at +=
-          part_count(slots[k].size(), static_cast<std::size_t>(world), static_cast<std::size_t>(q));
+      at += part_count(slots[k].size(), files.size(), static_cast<std::size_t>(q));
     }
     r.files_.push_back(std::move(f));
   }
   return r;
 }
 
-void SnapshotReader::read_range(const std::string& file, std::size_t data_off, std::size_t n,
-                                std::size_t first, std::size_t count, float* params,
-                                const std::vector<float*>& opt, std::size_t out_off) const {
-  Fd fd(file);
+void SnapshotReader::read_range(const ShardFile& f, std::size_t first, std::size_t count,
+                                float* params, const std::vector<float*>& opt,
+                                std::size_t out_off) const {
+  Fd fd(f.path);
   const std::string what =
-      (sharded_ ? "sharded snapshot " + path_ + ": shard file " : "snapshot ") + file;
-  if (fd.get() < 0) throw ConfigError(what + ": cannot be read: " + std::strerror(errno));
-  pread_exact(fd.get(), params + out_off, count * 4, data_off + 4 * first, what);
-  for (std::size_t j = 0; j < opt.size(); ++j) {
-    pread_exact(fd.get(), opt[j] + out_off, count * 4, data_off + 4 * ((j + 1) * n + first), what);
+      (sharded_ ? "sharded snapshot " + path_ + ": shard file " : "snapshot ") + f.path;
+  if (fd.fd < 0) throw ConfigError(what + ": cannot be read: " + std::strerror(errno));
+  pread_exact(fd.fd, params + out_off, count * 4, f.data_off + 4 * first, what);
+  for (std::size_t j = 0; j < opt.size(); ++j) {  // piece j follows the parameters and j pieces
+    pread_exact(fd.fd, opt[j] + out_off, count * 4,
+                f.data_off + 4 * ((j + 1) * f.shard_size + first), what);
   }
 }
 
@@ -463,38 +431,27 @@ void SnapshotReader::read(std::size_t k, std::size_t lo, std::size_t hi, float* 
                           const std::vector<float*>& opt) const {
   if (k >= slots_.size() || lo > hi || hi > slots_[k].size() ||
       (!opt.empty() && opt.size() != static_cast<std::size_t>(pieces_))) {
-    throw ConfigError("snapshot " + path_ + ": cannot read [" + std::to_string(lo) + ", " +
-                      std::to_string(hi) + ") of layer " + std::to_string(k) + " with " +
-                      std::to_string(opt.size()) + " optimizer pieces (it holds " +
-                      std::to_string(slots_.size()) + " layers, " + std::to_string(pieces_) +
-                      " pieces)");
+    throw ConfigError("snapshot " + path_ + ": no [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + ") in layer " + std::to_string(k) + ", or not " +
+                      std::to_string(pieces_) + " optimizer pieces");
   }
   if (lo == hi) return;
-  if (!sharded_) {
-    read_range(path_, data_off_, total_, slots_[k].w + lo, hi - lo, params, opt, 0);
-    return;
-  }
   const std::size_t s = slots_[k].size();
-  const std::size_t w = files_.size();
+  const std::size_t w = files_.size();  // 1 when replicated: its one part is the whole slot
   for (std::size_t q = part_of(s, w, lo); q < w; ++q) {
     const std::size_t begin = part_offset(s, w, q);
     if (begin >= hi) break;
     const std::size_t a = std::max(lo, begin);
     const std::size_t b = std::min(hi, begin + part_count(s, w, q));
     if (a >= b) continue;
-    const ShardFile& f = files_[q];
-    read_range(f.path, f.data_off, f.shard_size, f.local[k] + (a - begin), b - a, params, opt,
-               a - lo);
+    read_range(files_[q], files_[q].local[k] + (a - begin), b - a, params, opt, a - lo);
   }
 }
 
 void SnapshotReader::read_shard(const ShardLayout& layout, float* params_shard,
                                 float* opt_state_shard) const {
-  bool same = layout.slots.size() == slots_.size();
-  for (std::size_t k = 0; same && k < slots_.size(); ++k) {
-    same = layout.slots[k].size() == slots_[k].size();
-  }
-  if (!same) throw ConfigError("snapshot " + path_ + ": the shard layout is of another model");
+  if (layout.slots.size() != slots_.size() || layout.total != total_)
+    throw ConfigError("snapshot " + path_ + ": the shard layout is of another model");
   std::vector<float*> opt(opt_state_shard != nullptr ? static_cast<std::size_t>(pieces_) : 0);
   for (std::size_t k = 0; k < slots_.size(); ++k) {
     for (std::size_t j = 0; j < opt.size(); ++j) {

@@ -64,15 +64,17 @@ class SnapshotReader {
   void read_shard(const ShardLayout& layout, float* params_shard, float* opt_state_shard) const;
 
  private:
+  // A shard file, or the replicated file as the one shard of a world of 1.
   struct ShardFile {
     std::string path;
     std::size_t data_off = 0;        // bytes before the parameters
-    std::size_t shard_size = 0;      // floats of parameters in the file
+    std::size_t shard_size = 0;      // floats of parameters in the file (n of each piece)
     std::vector<std::size_t> local;  // where slot k's part starts among them
   };
-  void read_range(const std::string& file, std::size_t data_off, std::size_t n, std::size_t first,
-                  std::size_t count, float* params, const std::vector<float*>& opt,
-                  std::size_t out_off) const;
+  // count elements from element `first` of the file's parameters (and of each piece) into
+  // params + out_off and opt[j] + out_off.
+  void read_range(const ShardFile& f, std::size_t first, std::size_t count, float* params,
+                  const std::vector<float*>& opt, std::size_t out_off) const;
 
   std::string path_;
   SnapshotHeader header_;
@@ -80,8 +82,7 @@ class SnapshotReader {
   int pieces_ = 0;
   std::string sharding_ = "none";
   std::vector<LayerSlot> slots_;
-  std::size_t total_ = 0;     // floats in the whole model
-  std::size_t data_off_ = 0;  // replicated: bytes before the parameters
+  std::size_t total_ = 0;  // floats in the whole model
   std::vector<ShardFile> files_;
 };
 
