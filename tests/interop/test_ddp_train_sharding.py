@@ -183,11 +183,7 @@ def test_sigterm_stops_every_rank_at_one_boundary_with_one_snapshot(tmp_path):
     assert metrics(m)["resumed_from"] == {"epoch": idx["epoch"], "step": idx["step"]}
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--sharding", "zero3"], "--sharding"),
-    (["--sharding", "full", "--device", "cuda"], "--sharding full"),
-])
-def test_bad_sharding_flags_exit_2_naming_them(tmp_path, flags, needle):
-    p = train(fm_args(1, 0, "", None, *flags), tmp_path)
+def test_a_bad_sharding_level_exits_2_naming_the_choices(tmp_path):
+    p = train(fm_args(1, 0, "", None, "--sharding", "zero3"), tmp_path)
     assert p.returncode == 2, output(p)
-    assert needle in p.stderr + p.stdout
+    assert "--sharding 'zero3'" in p.stderr and "gradients" in p.stderr, output(p)

@@ -2,6 +2,7 @@
 #include "checkpoint.hpp"
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -85,13 +86,14 @@ std::optional<Position> load_sharded(Engine& e, const TrainOptions& o, const Tra
   float* state = opt.state().empty() ? nullptr : opt.state().data();
   std::int64_t has = 0;
   if (c.rank == 0 && !o.snapshot.empty()) {
-    has = SnapshotReader::open(o.snapshot, layout.slots).has_value() ? 1 : 0;
+    has = std::filesystem::exists(o.snapshot) ? 1 : 0;  // every rank's open() checks it
   }
   if (c.comm != nullptr) c.comm->broadcast(&has, sizeof has, 0);
   if (has == 0) {
     const ModelSpec& spec = e.model().spec();
+    float* shard = e.shard_params();
     for (std::size_t k = 0; k < layout.slots.size(); ++k) {
-      init_slice(spec, o.seed, k, layout.lo[k], layout.hi[k], e.shard_params() + layout.local[k]);
+      init_slice(spec, o.seed, k, layout.lo[k], layout.hi[k], shard + layout.local[k]);
     }
     e.upload();
     return std::nullopt;
@@ -141,6 +143,7 @@ void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,
     write_snapshot_file(o.snapshot, s);
     return;
   }
+  engine.download();  // a device's shard and optimizer state to shard_params(), state()
   const SnapshotHeader h = header_at(engine, o, c, at, opt);
   const int pieces = state_pieces(opt);
   const std::uint64_t mine =

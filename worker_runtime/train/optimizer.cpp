@@ -18,21 +18,29 @@ Optimizer::Optimizer(OptimizerConfig config, std::size_t params)
   }
 }
 
-void Optimizer::step(float* params, const float* grads) {
+void Optimizer::step(float* params, const float* grads) { step({{params, grads, 0, n_}}); }
+
+void Optimizer::step(const std::vector<Part>& parts) {
   ++steps_;
-  switch (config_.kind) {
-    case OptimizerKind::adam:
-      kernels::cpu::adam_step(params, grads, state_.data(), state_.data() + n_, n_, config_.lr,
-                              config_.beta1, config_.beta2, config_.eps, steps_);
-      break;
-    case OptimizerKind::adadelta:
-      kernels::cpu::adadelta_step(params, grads, state_.data(), state_.data() + n_, n_, config_.lr,
-                                  config_.rho, config_.ada_eps);
-      break;
-    case OptimizerKind::sgd:
-      kernels::cpu::sgd_step(params, grads, state_.empty() ? nullptr : state_.data(), n_,
-                             config_.lr, config_.momentum, steps_ == 1);
-      break;
+  float* s0 = state_.data();
+  float* s1 = state_.size() >= 2 * n_ ? state_.data() + n_ : nullptr;
+  for (const Part& p : parts) {
+    if (p.count == 0) continue;
+    const std::size_t o = p.offset;
+    switch (config_.kind) {
+      case OptimizerKind::adam:
+        kernels::cpu::adam_step(p.params, p.grads, s0 + o, s1 + o, p.count, config_.lr,
+                                config_.beta1, config_.beta2, config_.eps, steps_);
+        break;
+      case OptimizerKind::adadelta:
+        kernels::cpu::adadelta_step(p.params, p.grads, s0 + o, s1 + o, p.count, config_.lr,
+                                    config_.rho, config_.ada_eps);
+        break;
+      case OptimizerKind::sgd:
+        kernels::cpu::sgd_step(p.params, p.grads, state_.empty() ? nullptr : s0 + o, p.count,
+                               config_.lr, config_.momentum, steps_ == 1);
+        break;
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 // learning rate can change between steps (set_lr: the trainer's per-epoch StepLR schedule).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,16 @@ class Optimizer {
  public:
   Optimizer(OptimizerConfig config, std::size_t params);
   void step(float* params, const float* grads);
+  // One step over pieces of the parameters (a sharded engine's parts of every layer): piece i
+  // updates count floats at params / grads with the state at `offset` of each state array. The
+  // step count advances once.
+  struct Part {
+    float* params;
+    const float* grads;
+    std::size_t offset;
+    std::size_t count;
+  };
+  void step(const std::vector<Part>& parts);
   const OptimizerConfig& config() const { return config_; }
   // The learning rate of the next steps (a scheduler's; lr must be positive and finite).
   void set_lr(float lr) { config_.lr = lr; }

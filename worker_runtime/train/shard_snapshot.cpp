@@ -236,8 +236,7 @@ void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
   const std::string what = "sharded snapshot " + path;
   if (world < 1 || pieces < 0 || shard_checksums.size() != static_cast<std::size_t>(world)) {
     throw ConfigError(what + ": " + std::to_string(shard_checksums.size()) +
-                      " shard checksums for a world of " + std::to_string(world) + " (pieces " +
-                      std::to_string(pieces) + ")");
+                      " shard checksums for a world of " + std::to_string(world));
   }
   const fs::path dir = dir_of(path);
   const std::string base = fs::path(path).filename().string();

@@ -1,15 +1,19 @@
 // The sharded CPU engine (FSDP / ZeRO; levels in shard_layout.hpp, layout of a rank's shard
-// there too). Each rank keeps its shard of the parameters (p_), of the averaged gradients (g_)
-// and of the optimizer state (opt_, built over the shard), and steps only that shard:
+// there too). Each rank keeps its shard of the optimizer state (opt_, built over the shard) and
+// steps only its part of every layer:
 //   optimizer  full parameters and gradients as DDP (bucketed all-reduce during backward); the
-//              step updates this rank's shard, then every layer is all-gathered back.
+//              step updates this rank's parts in place, then every layer is all-gathered.
 //   gradients  full parameters; each layer's gradients live in a buffer of their own only until
-//              backward has finished the layer, then are reduce-scattered into g_ (on the
-//              collective thread, overlapping the earlier layers' backward) and freed.
-//   full       no full parameters at all: a layer is all-gathered just before its forward and
+//              backward has finished the layer, then are reduce-scattered into the gradient
+//              shard g_ (on the collective thread, overlapping the earlier layers' backward) and
+//              freed; the step and the all-gather as above.
+//   full       the parameter shard p_ and no full parameters at all: a layer is all-gathered
+//              from the shards just before its forward and
 //              again before its backward, the next layer's gather posted first (prefetch, as
 //              FSDP's forward and backward prefetch), and freed after use (the last layer is kept
 //              from forward to backward, as FSDP2 keeps the root's).
+// At the replicated levels shard_params() is a copy of this rank's parts made on request (for a
+// snapshot, or to be filled by the trainer before upload()), dropped by upload() or the next step.
 // Micro-batches before the step's last one (--grad-accum) keep their unsharded gradients, as
 // FSDP's no_sync, so each level's step takes the bits --sharding none takes on the shm backend:
 // the same sums in the same order, the same element-wise optimizer.
@@ -49,8 +53,8 @@ class ShardedEngine final : public Engine, private LayerMemory {
     // what is freed leaves the process (glibc would otherwise raise its threshold and keep it).
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
     const std::size_t layers = model_.spec().layers.size();
-    p_.assign(layout_.shard_size, 0.0f);
-    g_.assign(layout_.shard_size, 0.0f);
+    if (level_ == Sharding::full) p_.assign(layout_.shard_size, 0.0f);
+    if (level_ != Sharding::optimizer) g_.assign(layout_.shard_size, 0.0f);
     units_.resize(layers);
     unit_ticket_.assign(layers, 0);
     gbuf_.resize(layers);
@@ -79,7 +83,19 @@ class ShardedEngine final : public Engine, private LayerMemory {
     return reducer_ != nullptr ? reducer_->buckets().size() : model_.slots().size();
   }
   const ShardLayout* shard_layout() const override { return &layout_; }
-  float* shard_params() override { return p_.data(); }
+  float* shard_params() override {
+    if (level_ == Sharding::full) return p_.data();
+    if (p_.empty()) {
+      p_.resize(layout_.shard_size);
+      add(p_.size() * sizeof(float));
+    }
+    const float* full = model_.params().data();
+    for (std::size_t k = 0; k < layout_.slots.size(); ++k) {
+      std::copy_n(full + layout_.slots[k].w + layout_.lo[k], layout_.part(k),
+                  p_.data() + layout_.local[k]);
+    }
+    return p_.data();
+  }
   Sharding sharding() const override { return level_; }
   bool collective_predict() const override { return level_ == Sharding::full && comm_; }
   std::size_t state_bytes_peak() const override { return peak_.load(); }
@@ -88,6 +104,12 @@ class ShardedEngine final : public Engine, private LayerMemory {
   // into their full parameters. Collective.
   void upload() override {
     if (level_ == Sharding::full) return;
+    float* full = model_.params().data();
+    for (std::size_t k = 0; k < layout_.slots.size(); ++k) {
+      std::copy_n(p_.data() + layout_.local[k], layout_.part(k),
+                  full + layout_.slots[k].w + layout_.lo[k]);
+    }
+    drop_shard_copy();
     gather_params();
   }
 
@@ -103,18 +125,27 @@ class ShardedEngine final : public Engine, private LayerMemory {
     const float inv = 1.0f / static_cast<float>(layout_.world);
     if (level_ == Sharding::optimizer) {
       if (reducer_ != nullptr) reducer_->finish();  // averaged over the ranks
-      const auto& g = model_.grads();
-      for (std::size_t k = 0; k < layout_.slots.size(); ++k) {
-        const std::size_t from = layout_.slots[k].w + layout_.lo[k];
-        std::copy_n(g.data() + from, layout_.part(k), g_.data() + layout_.local[k]);
-      }
     } else {
       tasks_->wait_all();  // every layer's reduce-scatter
       if (comm_ != nullptr) kernels::cpu::scale(g_.data(), g_.size(), inv);
     }
-    opt_.step(p_.data(), g_.data());
-    if (level_ == Sharding::optimizer) model_.zero_grads();
-    if (level_ != Sharding::full) gather_params();
+    if (level_ == Sharding::full) {
+      opt_.step(p_.data(), g_.data());
+    } else {
+      // This rank's part of every layer, in place in the full parameters.
+      drop_shard_copy();
+      std::vector<Optimizer::Part> parts;
+      float* full = model_.params().data();
+      for (std::size_t k = 0; k < layout_.slots.size(); ++k) {
+        const std::size_t at = layout_.slots[k].w + layout_.lo[k];
+        const float* g = level_ == Sharding::optimizer ? model_.grads().data() + at
+                                                       : g_.data() + layout_.local[k];
+        parts.push_back({full + at, g, layout_.local[k], layout_.part(k)});
+      }
+      opt_.step(parts);
+      if (level_ == Sharding::optimizer) model_.zero_grads();
+      gather_params();
+    }
     const double loss = loss_;
     loss_ = 0.0;
     return loss;
@@ -207,14 +238,22 @@ class ShardedEngine final : public Engine, private LayerMemory {
     }
   }
 
-  // The replicated levels' full parameters from every rank's shard.
+  // The replicated levels' full parameters from every rank's part, in place.
   void gather_params() {
     float* full = model_.params().data();
     for (std::size_t k = 0; k < layout_.slots.size(); ++k) {
       float* out = full + layout_.slots[k].w;
-      tasks_->post([this, k, out] { gather(k, out); });
+      tasks_->post([this, k, out] {
+        if (comm_ != nullptr) comm_->all_gather_v(out + layout_.lo[k], out, layout_.counts[k]);
+      });
     }
     tasks_->wait_all();
+  }
+
+  void drop_shard_copy() {
+    if (level_ == Sharding::full || p_.empty()) return;
+    sub(p_.size() * sizeof(float));
+    std::vector<float>().swap(p_);
   }
 
   void add(std::size_t bytes) {
@@ -229,8 +268,8 @@ class ShardedEngine final : public Engine, private LayerMemory {
   Sharding level_;
   bool prefetch_;
   ShardLayout layout_;
-  std::vector<float> p_;  // this rank's shard of the parameters
-  std::vector<float> g_;  // and of the averaged gradients
+  std::vector<float> p_;  // full: this rank's shard of the parameters (else a copy on request)
+  std::vector<float> g_;  // gradients, full: this rank's shard of the averaged gradients
   std::vector<std::vector<float>> units_;  // full: gathered layers
   std::vector<std::uint64_t> unit_ticket_;
   std::vector<std::vector<float>> gbuf_;  // gradients / full: a layer's unsharded gradients

@@ -253,7 +253,7 @@ TEST_CASE("shard snapshot: a bad index or shard file is a ConfigError naming it"
     fs::resize_file(path, fs::file_size(path) / 2);
     CHECK_THAT(config_error(path, w.slots), Catch::Contains(path) && Catch::Contains("checksum"));
     fs::resize_file(path, 5);
-    CHECK_THAT(config_error(path, w.slots), Catch::Contains(path) && Catch::Contains("short"));
+    CHECK_THAT(config_error(path, w.slots), Catch::Contains(path) && Catch::Contains("magic"));
   }
   SECTION("a slot size that does not match the model") {
     const std::string path = fresh("e.bin");
@@ -268,7 +268,7 @@ TEST_CASE("shard snapshot: a bad index or shard file is a ConfigError naming it"
     CHECK_THAT(config_error(path, w.slots), Catch::Contains(path) && Catch::Contains("magic"));
     fresh("f.bin");
     const std::string shard = dir.path + "/f.bin.shards/step-5/rank-0-of-4.bin";
-    CHECK_THAT(config_error(shard, w.slots), Catch::Contains("shard file"));
+    CHECK_THAT(config_error(shard, w.slots), Catch::Contains(shard) && Catch::Contains("magic"));
   }
 }
 
