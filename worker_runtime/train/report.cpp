@@ -2,6 +2,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "ddp/kernels/cpu_ref.hpp"
+#include "ddp/proto/error.hpp"
 
 namespace ddp::train {
 
@@ -57,6 +59,61 @@ double evaluate(Engine& engine, const Dataset& test, std::ostream& out, nlohmann
   metrics["test_mse"] = mse;
   out << "test mse: " << std::fixed << std::setprecision(6) << mse << "\n";
   return mse;
+}
+
+namespace {
+
+// The process's peak resident memory (VmHWM), 0 where /proc does not say.
+std::size_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void final_report(Engine& engine, const RunSummary& s, const Dataset& test, bool eval,
+                  const std::string& path, std::ostream& out,
+                  const std::function<void()>& before_eval) {
+  nlohmann::json m;
+  m["model"] = s.model;
+  m["dataset"] = s.dataset;
+  m["world_size"] = s.world_size;
+  m["batch_size"] = s.batch_size;
+  m["epochs_run"] = s.epoch_losses.size();
+  m["epoch_losses"] = s.epoch_losses;
+  m["steps"] = s.steps;
+  m["global_step"] = s.global_step;
+  m["train_seconds"] = s.seconds;
+  const double rate = s.seconds > 0 ? static_cast<double>(s.samples) / s.seconds : 0.0;
+  m["samples_per_sec"] = rate;
+  m["final_loss"] = s.final_loss;
+  m["step_losses"] = s.step_losses;
+  std::ostringstream sum;
+  sum << std::hex << std::setw(16) << std::setfill('0') << s.param_checksum;
+  m["param_checksum"] = sum.str();
+  m["sharding"] = s.sharding;
+  m["state_bytes_peak"] = s.state_bytes_peak;
+  m["rss_peak_bytes"] = peak_rss_bytes();
+  m["resumed_from"] = s.resumed_from ? nlohmann::json{{"epoch", s.resumed_from->first},
+                                                      {"step", s.resumed_from->second}}
+                                     : nlohmann::json(nullptr);
+  out << "ddp-train: " << s.steps << " steps in " << std::fixed << std::setprecision(2) << s.seconds
+      << " s, " << std::setprecision(0) << rate << " samples/s, final loss " << std::setprecision(4)
+      << s.final_loss << "\n";
+  if (eval) {
+    if (before_eval) before_eval();
+    evaluate(engine, test, out, m);
+  }
+  out << std::flush;
+  if (!path.empty()) {
+    std::ofstream f(path);
+    f << m.dump(2) << "\n";
+    if (!f) throw IoError("--metrics-json " + path + ": cannot write");
+  }
 }
 
 }  // namespace ddp::train

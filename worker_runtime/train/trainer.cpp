@@ -5,9 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstdio>
-#include <fstream>
-#include <iomanip>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,11 +18,10 @@
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/progress.hpp"
 #include "engine.hpp"
-#include "model.hpp"
 #include "checkpoint.hpp"
+#include "model.hpp"
 #include "report.hpp"
 #include "sampler.hpp"
-#include "snapshot.hpp"
 
 namespace ddp::train {
 namespace {
@@ -40,6 +36,10 @@ std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c
       co.max_rows = std::max(static_cast<std::size_t>(o.batch_size), kPredictChunkRows);
       co.precision = o.precision;
       co.bucket_cap_mb = o.bucket_cap_mb;
+      if (o.sharding != Sharding::none) {
+        return make_cuda_sharded_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer,
+                                        c.device_comm, o.sharding, o.prefetch, co);
+      }
       return make_cuda_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.device_comm,
                               co);
     }
@@ -51,16 +51,6 @@ std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c
   }
   return make_cpu_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
                          o.bucket_cap_mb);
-}
-
-// The process's peak resident memory (VmHWM), 0 where /proc does not say.
-std::size_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
 }
 
 // How a communicator reports a peer's failure mid-step: IoError (gloo, shm), NcclError (nccl).
@@ -130,9 +120,9 @@ class Run {
   double last_loss_ = 0.0;
   std::vector<double> epoch_losses_;
   std::vector<double> step_losses_;  // rank 0's loss of each step of this run (the first 100k)
-  bool stopping_ = false;  // a signal, --max-steps, or a peer that stopped ahead of us
-  int exit_code_ = 0;      // 128 + signal when a signal stopped the run
-  std::vector<float> xb_;  // one micro-batch: inputs, labels, regression targets
+  bool stopping_ = false;            // a signal, --max-steps, or a peer that stopped ahead of us
+  int exit_code_ = 0;                // 128 + signal when a signal stopped the run
+  std::vector<float> xb_;            // one micro-batch: inputs, labels, regression targets
   std::vector<std::uint8_t> lb_;
   std::vector<float> yb_;
 };
@@ -436,40 +426,24 @@ void Run::agree_at_boundary(int& stop, bool& save_now) {
 
 // Rank 0's summary line, the evaluation and the metrics file.
 void Run::report(double secs, std::uint64_t checksum) {
-  nlohmann::json m;
-  m["model"] = to_string(o_.model);
-  m["dataset"] = to_string(o_.dataset);
-  m["world_size"] = c_.world;
-  m["batch_size"] = o_.batch_size;
-  m["epochs_run"] = epoch_losses_.size();
-  m["epoch_losses"] = epoch_losses_;
-  m["steps"] = steps_this_run_;
-  m["global_step"] = pos_.global_step;
-  m["train_seconds"] = secs;
-  m["samples_per_sec"] = secs > 0 ? static_cast<double>(samples_) / secs : 0.0;
-  m["final_loss"] = last_loss_;
-  m["step_losses"] = step_losses_;
-  std::ostringstream sum;
-  sum << std::hex << std::setw(16) << std::setfill('0') << checksum;
-  m["param_checksum"] = sum.str();
-  m["sharding"] = to_string(engine_->sharding());
-  m["state_bytes_peak"] = engine_->state_bytes_peak();
-  m["rss_peak_bytes"] = peak_rss_bytes();
-  m["resumed_from"] = resumed_ ? nlohmann::json{{"epoch", start_.epoch}, {"step", start_.step}}
-                               : nlohmann::json(nullptr);
-  out() << "ddp-train: " << steps_this_run_ << " steps in " << std::fixed << std::setprecision(2)
-        << secs << " s, " << std::setprecision(0) << m["samples_per_sec"].get<double>()
-        << " samples/s, final loss " << std::setprecision(4) << last_loss_ << "\n";
-  if (o_.eval) {
-    phase("eval", pos_.global_step);
-    evaluate(*engine_, test_, out(), m);
-  }
-  out() << std::flush;
-  if (!o_.metrics_json.empty()) {
-    std::ofstream f(o_.metrics_json);
-    f << m.dump(2) << "\n";
-    if (!f) throw IoError("--metrics-json " + o_.metrics_json + ": cannot write");
-  }
+  RunSummary s{to_string(o_.model),
+               to_string(o_.dataset),
+               c_.world,
+               o_.batch_size,
+               epoch_losses_,
+               step_losses_,
+               steps_this_run_,
+               pos_.global_step,
+               samples_,
+               secs,
+               last_loss_,
+               checksum,
+               to_string(engine_->sharding()),
+               engine_->state_bytes_peak(),
+               std::nullopt};
+  if (resumed_) s.resumed_from = std::make_pair(start_.epoch, start_.step);
+  final_report(*engine_, s, test_, o_.eval, o_.metrics_json, out(),
+               [&] { phase("eval", pos_.global_step); });
 }
 
 }  // namespace
