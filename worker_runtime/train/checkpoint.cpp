@@ -55,8 +55,8 @@ std::optional<Position> load_replicated(Engine& e, const TrainOptions& o, const 
     if (auto r = SnapshotReader::open(o.snapshot, model.slots())) {
       check_fits(*r, o, opt, o.snapshot);
       const ShardLayout whole = make_shard_layout(model.slots(), 1, 0);  // the flat layout
-      r->read_shard(whole, model.params().data(), opt.state().empty() ? nullptr
-                                                                      : opt.state().data());
+      r->read_shard(whole, model.params().data(),
+                    opt.state().empty() ? nullptr : opt.state().data());
       const auto& h = r->header();
       head[0] = 1;
       head[1] = h.epoch;
@@ -123,8 +123,7 @@ int state_pieces(const Optimizer& opt) {
   return 0;
 }
 
-std::optional<Position> load_or_init(Engine& engine, const TrainOptions& o,
-                                     const TrainContext& c) {
+std::optional<Position> load_or_init(Engine& engine, const TrainOptions& o, const TrainContext& c) {
   return engine.shard_layout() != nullptr ? load_sharded(engine, o, c)
                                           : load_replicated(engine, o, c);
 }

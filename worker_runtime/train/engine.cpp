@@ -71,6 +71,11 @@ std::unique_ptr<Engine> make_cuda_engine(ModelSpec, const OptimizerConfig&, work
                                          const CudaEngineOptions&) {
   throw ConfigError("--device cuda: this ddprun was built without CUDA (DDP_WITH_CUDA=OFF)");
 }
+std::unique_ptr<Engine> make_cuda_sharded_engine(ModelSpec, const OptimizerConfig&,
+                                                 worker::Communicator*, Sharding, bool,
+                                                 const CudaEngineOptions&) {
+  throw ConfigError("--device cuda: this ddprun was built without CUDA (DDP_WITH_CUDA=OFF)");
+}
 #endif
 
 }  // namespace ddp::train

@@ -95,5 +95,11 @@ struct CudaEngineOptions {
 // ConfigError in a build without CUDA.
 std::unique_ptr<Engine> make_cuda_engine(ModelSpec spec, const OptimizerConfig& opt,
                                          worker::Communicator* comm, const CudaEngineOptions& o);
+// The sharded CUDA engine (cuda_sharded_engine.cpp): fp32 master shards on the device, layers
+// gathered and gradients reduce-scattered through `comm` (the nccl communicator; null for one
+// rank); `level` none is make_cuda_engine. Throws ConfigError in a build without CUDA.
+std::unique_ptr<Engine> make_cuda_sharded_engine(ModelSpec spec, const OptimizerConfig& opt,
+                                                 worker::Communicator* comm, Sharding level,
+                                                 bool prefetch, const CudaEngineOptions& o);
 
 }  // namespace ddp::train

@@ -33,8 +33,8 @@ struct LayerSpec {
   std::size_t in_w = 0;
   std::size_t out_c = 0;
   std::size_t kernel = 0;
-  std::size_t pool = 0;   // k > 1: a k x k max-pool with stride k after the activation
-  float dropout = 0.0f;   // p > 0: inverted dropout last (training only)
+  std::size_t pool = 0;  // k > 1: a k x k max-pool with stride k after the activation
+  float dropout = 0.0f;  // p > 0: inverted dropout last (training only)
 
   std::size_t weight_count() const;
   std::size_t bias_count() const;
@@ -134,7 +134,9 @@ class Model {
   class OwnMemory final : public LayerMemory {
    public:
     explicit OwnMemory(Model& m) : m_(m) {}
-    const float* acquire(std::size_t k, Pass) override { return m_.params_.data() + m_.slots_[k].w; }
+    const float* acquire(std::size_t k, Pass) override {
+      return m_.params_.data() + m_.slots_[k].w;
+    }
     void release(std::size_t, Pass) override {}
     float* grads(std::size_t k) override { return m_.grads_.data() + m_.slots_[k].w; }
 
@@ -156,9 +158,9 @@ class Model {
   std::vector<std::vector<float>> acts_;  // acts_[i]: output of layer i (what layer i+1 reads)
   std::vector<std::vector<float>> pre_;   // a conv/pool/dropout layer's output before pooling
   std::vector<std::vector<std::int32_t>> argmax_;  // the max-pool's choices
-  std::vector<float> delta_;              // gradient w.r.t. the current layer's output
+  std::vector<float> delta_;                       // gradient w.r.t. the current layer's output
   std::vector<float> delta_prev_;
-  std::vector<float> scratch_;            // im2col columns and the pre-pool gradient
+  std::vector<float> scratch_;  // im2col columns and the pre-pool gradient
   std::vector<float> scratch2_;
 };
 

@@ -186,10 +186,6 @@ void validate(const TrainOptions& o) {
     throw ConfigError("--bucket-cap-mb must be in (0, 4096]");
   }
   if (o.max_steps < 0) throw ConfigError("--max-steps must be >= 0");
-  if (o.sharding != Sharding::none && o.device == Device::cuda) {
-    throw ConfigError("--sharding " + to_string(o.sharding) +
-                      " runs on the CPU engine only; use --device cpu (or --sharding none)");
-  }
   if (o.precision == Precision::bf16 && o.device != Device::cuda) {
     throw ConfigError("--precision bf16 needs --device cuda (the CPU path computes in fp32)");
   }

@@ -96,7 +96,7 @@ struct TrainOptions {
   Device device = Device::cpu;
   Backend backend = Backend::gloo;
   Precision precision = Precision::fp32;  // bf16: cuda only
-  Sharding sharding = Sharding::none;     // --sharding (cpu only)
+  Sharding sharding = Sharding::none;     // --sharding
   bool prefetch = true;                   // --no-prefetch turns full sharding's prefetch off
 };
 

@@ -67,9 +67,10 @@ TEST_CASE("init_slice: a shard drawn alone equals the whole model's initialisati
   }
 }
 
-TEST_CASE("collective thread: tasks run in order, wait covers earlier tickets, an error "
-          "skips the rest and is rethrown",
-          "[unit][train][sharding]") {
+TEST_CASE(
+    "collective thread: tasks run in order, wait covers earlier tickets, an error "
+    "skips the rest and is rethrown",
+    "[unit][train][sharding]") {
   CommThread t;
   std::vector<int> order;
   std::uint64_t last = 0;
