@@ -19,6 +19,7 @@
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
+#include "cuda_net.hpp"
 #include "engine.hpp"
 #include "reducer.hpp"
 
@@ -26,29 +27,6 @@ namespace ddp::train {
 namespace {
 
 namespace gpu = kernels::cuda;
-
-template <typename T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
-    std::swap(ptr_, other.ptr_);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  void alloc(std::size_t count) {
-    DDP_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(count, 1) * sizeof(T)));
-  }
-  T* get() const { return ptr_; }
-
- private:
-  T* ptr_ = nullptr;
-};
 
 gpu::Act to_gpu(Act a) {
   return a == Act::relu ? gpu::Act::relu : a == Act::sigmoid ? gpu::Act::sigmoid : gpu::Act::none;
