@@ -2,10 +2,17 @@
 node: a plain PyTorch script that ranks itself only by SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID
 trains correctly with --per-worker-slurm-env; PyTorch Lightning trains with its default cluster
 environment (torchrun's variables) and with SLURMEnvironment forced (Slurm's, rewritten by
---per-worker-slurm-env), each rank seeing the right global rank and world size."""
+--per-worker-slurm-env), each rank seeing the right global rank and world size; and
+slurm/ddp-train-sharded.sbatch trains with --sharding full, writes a sharded snapshot and a
+second job resumes from it."""
+import json
+import os
 import re
+import struct
 
 import pytest
+
+from conftest import ROOT
 
 # Only Slurm's variables: torchrun's are removed first, so the script cannot lean on them.
 # MASTER_ADDR/MASTER_PORT (and TORCHELASTIC_USE_AGENT_STORE) still say where the store is.
@@ -179,3 +186,48 @@ def test_lightning_trains_2x2_under_ddprun(cluster, tmp_path, mode, flags, env_c
         assert env == env_class, log
         assert world == "4" and torchrun_rank == str(rank), log
         assert steps == "4" and equal == "True", log
+
+
+def read_shard_index(path):
+    """The DDPSIDX1 index's JSON header (docs/ddp_train.md "Sharded snapshots")."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"DDPSIDX1", f"{path}: magic {data[:8]!r}, not a sharded snapshot index"
+    (hlen,) = struct.unpack_from("<I", data, 8)
+    assert 12 + hlen + 8 == len(data), f"{path}: {len(data)} bytes, header {hlen}"
+    return json.loads(data[12:12 + hlen])
+
+
+def test_sharded_script_trains_snapshots_shards_and_a_second_job_resumes(cluster, tmp_path):
+    """slurm/ddp-train-sharded.sbatch on 2 nodes x NPROC_PER_NODE=2 with a small MLP: one epoch
+    of 1024 samples (4 steps of 64 a rank), an index at SNAPSHOT naming the 4 shard files of
+    the last step, all present with their sizes; a second job with the same SNAPSHOT and
+    EPOCHS=2 resumes after epoch 1 and trains only epoch 2."""
+    script = os.path.join(ROOT, "slurm", "ddp-train-sharded.sbatch")
+    snap = tmp_path / "sharded.snapshot"
+    small = ["--hidden", "64", "--layers", "3", "--optimizer", "adam", "--train-subset", "1024",
+             "--batch-size", "64", "--no-eval"]
+    for epochs in (1, 2):
+        jid = cluster.sbatch(script, *small, env={"SNAPSHOT": str(snap), "EPOCHS": str(epochs)})
+        try:
+            state, code, log = cluster.wait(jid)
+        finally:
+            cluster.cancel_quietly(jid)
+        assert (state, code) == ("COMPLETED", "0:0"), log
+        assert re.search(r"world size 4, batch 64 per rank, .*sharding full", log), log
+        assert "ddp-train: 4 steps in" in log, log  # 1024 / (64 x 4), one epoch each job
+        if epochs == 2:
+            assert f"resuming from snapshot {snap}: epoch 1 step 0 (global step 4)" in log, log
+        assert re.search(rf"sharded snapshot {re.escape(str(snap))} written \([^)]*\): "
+                         rf"epoch {epochs} step 0 global step {4 * epochs}", log), log
+        index = read_shard_index(snap)
+        assert (index["world_size"], index["sharding"], index["epoch"],
+                index["global_step"]) == (4, "full", epochs, 4 * epochs), index
+        assert len(index["files"]) == 4, index
+        for f in index["files"]:
+            shard = tmp_path / f["name"]
+            assert shard.stat().st_size == f["bytes"], (f, shard)
+            assert shard.read_bytes()[:8] == b"DDPSHRD1", shard
+        assert {(tmp_path / f["name"]).parent.name for f in index["files"]} == \
+            {f"step-{4 * epochs}"}, index
+    # The commit removed the first job's step folder.
+    assert not (tmp_path / "sharded.snapshot.shards" / "step-4").exists()

@@ -58,6 +58,7 @@ class ShardedEngine final : public Engine, private LayerMemory {
     units_.resize(layers);
     unit_ticket_.assign(layers, 0);
     gbuf_.resize(layers);
+    rs_ticket_.assign(layers, 0);
     if (level_ != Sharding::optimizer) {
       std::vector<float>().swap(model_.grads());  // gradients live per layer (grads())
       model_.set_memory(this);
@@ -127,6 +128,7 @@ class ShardedEngine final : public Engine, private LayerMemory {
       if (reducer_ != nullptr) reducer_->finish();  // averaged over the ranks
     } else {
       tasks_->wait_all();  // every layer's reduce-scatter
+      std::fill(rs_ticket_.begin(), rs_ticket_.end(), 0);
       if (comm_ != nullptr) kernels::cpu::scale(g_.data(), g_.size(), inv);
     }
     if (level_ == Sharding::full) {
@@ -192,6 +194,11 @@ class ShardedEngine final : public Engine, private LayerMemory {
   float* grads(std::size_t k) override {
     if (level_ == Sharding::optimizer) return model_.grads().data() + model_.slots()[k].w;
     if (gbuf_[k].empty()) {
+      // Back-pressure: at most kGradsInFlight layers' gradients wait for their reduce-scatter
+      // (else backward, which gradients' level never blocks, would outrun the network and
+      // hold nearly every layer's gradients at once).
+      const std::size_t behind = k + kGradsInFlight;
+      if (behind < rs_ticket_.size() && rs_ticket_[behind] != 0) tasks_->wait(rs_ticket_[behind]);
       gbuf_[k].assign(layout_.slots[k].size(), 0.0f);
       add(gbuf_[k].size() * sizeof(float));
     }
@@ -207,7 +214,7 @@ class ShardedEngine final : public Engine, private LayerMemory {
       if (reducer_ != nullptr) reducer_->layer_done(k);
       return;
     }
-    tasks_->post([this, k] {
+    rs_ticket_[k] = tasks_->post([this, k] {
       float* out = g_.data() + layout_.local[k];
       if (comm_ != nullptr) {
         comm_->reduce_scatter_sum(gbuf_[k].data(), out, layout_.counts[k]);
@@ -273,6 +280,8 @@ class ShardedEngine final : public Engine, private LayerMemory {
   std::vector<std::vector<float>> units_;  // full: gathered layers
   std::vector<std::uint64_t> unit_ticket_;
   std::vector<std::vector<float>> gbuf_;  // gradients / full: a layer's unsharded gradients
+  std::vector<std::uint64_t> rs_ticket_;  // their reduce-scatters posted this step
+  static constexpr std::size_t kGradsInFlight = 2;
   std::unique_ptr<GradReducer> reducer_;  // optimizer: DDP's bucketed all-reduce
   std::unique_ptr<CommThread> tasks_ = std::make_unique<CommThread>();
   bool sync_ = true;
