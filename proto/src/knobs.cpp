@@ -33,6 +33,9 @@ constexpr Knob kKnobs[] = {
      "tests only: RANK:STEP[:kill|:hang|:slow=F] (SIGKILL, block before the all-reduce, or F "
      "times slower) at that step"},
     {"GLOO_SOCKET_IFNAME", Kind::text, "", "ddp-train", "the interface Gloo binds"},
+    {"OPENBLAS_CORETYPE", Kind::text, "", "ddp-train",
+     "OpenBLAS's kernels; unset and OpenBLAS fell back to Prescott on an AVX2/AVX-512 CPU: "
+     "ddp-train sets it and re-executes itself"},
     {"CUDA_VISIBLE_DEVICES", Kind::text, "", "ddprun, ddp-train",
      "the GPUs a worker may use; counted by --nproc-per-node=gpu/auto"},
     {"HIP_VISIBLE_DEVICES", Kind::text, "", "ddprun",

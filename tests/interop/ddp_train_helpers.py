@@ -32,7 +32,8 @@ needs_fmnist = pytest.mark.skipif(not _have_fmnist(),
                                   reason=f"Fashion-MNIST IDX files not found in {FMNIST}")
 
 SUBSET = 2048
-PARAM_COUNTS = {"mlp": 235146, "autoencoder": 234640, "linear": 21}  # from docs' layer tables
+PARAM_COUNTS = {"mlp": 235146, "autoencoder": 234640, "linear": 21,  # from docs' layer tables
+                "convnet": 1199882}
 
 
 # ----------------------------------------------------------------------------------- snapshots

@@ -9,6 +9,15 @@
 
 namespace ddp::train {
 
+// The threads a convolution splits its batch over (contiguous ranges of samples, each with
+// single-threaded BLAS calls); process-wide, like OpenBLAS's own thread count. 1 (the default):
+// one range, BLAS as configured. ddp-train sets --threads here for the convnet and runs BLAS on
+// one thread (OpenBLAS's idle threads spin and would compete with these). Results depend on the
+// count (the order of the weight-gradient sums), never on timing. Clamped to [1, 64].
+inline constexpr int kMaxConvThreads = 64;
+void set_conv_threads(int n);
+int conv_threads();
+
 // y = conv(x, w) + b, shapes as kernels::Conv2dShape.
 void conv2d_gemm_forward(const float* x, const float* w, const float* b, float* y,
                          const kernels::Conv2dShape& s, std::vector<float>& cols);

@@ -23,6 +23,7 @@
 #include "ddp/worker/env.hpp"
 #include "ddp/worker/error_file.hpp"
 #include "ddp/worker/progress.hpp"
+#include "conv_gemm.hpp"
 #include "trainer.hpp"
 
 extern char** environ;
@@ -69,6 +70,35 @@ int default_threads(const std::map<std::string, std::string>& env) {
   }
 }
 
+// OpenBLAS built with DYNAMIC_ARCH picks its kernels from the CPU model at load time; a release
+// that does not know the model (0.3.21, Debian 12's, on Sapphire Rapids) falls back to its SSE3
+// "Prescott" kernels, 3 to 6 times slower than the AVX2/AVX-512 ones the CPU can run. OpenBLAS
+// reads OPENBLAS_CORETYPE only at load, so when it is unset and that fallback happened on a CPU
+// with AVX-512 (or AVX2), ddp-train sets it and re-executes itself: same pid, arguments and
+// descriptors. A user's own OPENBLAS_CORETYPE is left alone; if the exec fails, it runs as is.
+void prefer_native_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  const char* core = openblas_get_corename();
+  if (core == nullptr || std::string(core) != "Prescott") return;
+  const char* better = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    better = "SkylakeX";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    better = "Haswell";
+  }
+  if (better == nullptr || ::setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+  // The binary's own path, not /proc/self/exe: the process name (comm) is the executed file's
+  // name, and ddprun, ps and the tests know the worker as "ddp-train".
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    ::execv(self, argv);
+  }
+  ::unsetenv("OPENBLAS_CORETYPE");  // the exec failed: go on with the kernels we have
+}
+
 // The error file's "type": the error's kind, as a Python traceback would name it.
 const char* error_type(const std::exception& e) {
   if (dynamic_cast<const ddp::ConfigError*>(&e) != nullptr) return "ConfigError";
@@ -81,6 +111,7 @@ const char* error_type(const std::exception& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  prefer_native_blas_kernels(argv);
   using namespace ddp;
   const auto env = environment();
   train::TrainOptions o;
@@ -149,7 +180,15 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-train: error: " << e.what() << "\n";
     return 2;
   }
-  openblas_set_num_threads(threads);
+  // The convnet splits each convolution's batch over the threads itself, with BLAS on one thread
+  // (conv_gemm.hpp: OpenBLAS's idle threads would spin against them); other models give the
+  // threads to BLAS.
+  if (o.model == train::ModelKind::convnet && o.device == train::Device::cpu) {
+    train::set_conv_threads(threads);
+    openblas_set_num_threads(1);
+  } else {
+    openblas_set_num_threads(threads);
+  }
   install_signals();
   // Progress is a side channel: a bad DDPRUN_PROGRESS_FD is told once and training goes on.
   std::string why;

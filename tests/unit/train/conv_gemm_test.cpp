@@ -1,7 +1,8 @@
 // The trainer's im2col + sgemm conv2d (conv_gemm.hpp) against the plain-loop references of
 // ddp/kernels/conv_ref.hpp: forward, and backward's weight and bias gradients (accumulated onto
 // what is there) and input gradient (overwritten, or skipped when dx is null), over batches of
-// 1 to 3, 1 to 5 input channels, kernels 1 to 5 and non-square inputs, reusing one scratch.
+// 1 to 3, 1 to 5 input channels, kernels 1 to 5 and non-square inputs, reusing one scratch;
+// with the batch split over 1, 2 and 3 threads (set_conv_threads), deterministic for a count.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -51,6 +52,9 @@ constexpr double kTol = 1e-5;
 
 TEST_CASE("conv2d im2col + sgemm equals the plain references, forward and backward",
           "[unit][train]") {
+  const int threads = GENERATE(1, 2, 3);
+  ddp::train::set_conv_threads(threads);
+  INFO("conv threads " << threads);
   std::vector<float> scratch;  // one scratch for every shape: it grows and is reused
   std::uint32_t seed = 1;
   std::size_t shapes = 0;
@@ -91,14 +95,32 @@ TEST_CASE("conv2d im2col + sgemm equals the plain references, forward and backwa
                                          db2.data(), s, scratch);
         CHECK(rel_error(dw2, dw_ref) < kTol);
         CHECK(rel_error(db2, db_ref) < kTol);
+        // The same thread count: the very same bits.
+        std::vector<float> dw3 = dw0, db3 = db0, dx3(s.x_size());
+        ddp::train::conv2d_gemm_backward(dy.data(), x.data(), w.data(), dx3.data(), dw3.data(),
+                                         db3.data(), s, scratch);
+        CHECK(dw3 == dw);
+        CHECK(db3 == db);
+        CHECK(dx3 == dx);
       }
     }
   }
   CHECK(shapes == 36);
+  ddp::train::set_conv_threads(1);
+}
+
+TEST_CASE("conv threads are clamped to [1, 64]", "[unit][train]") {
+  ddp::train::set_conv_threads(0);
+  CHECK(ddp::train::conv_threads() == 1);
+  ddp::train::set_conv_threads(1000);
+  CHECK(ddp::train::conv_threads() == ddp::train::kMaxConvThreads);
+  ddp::train::set_conv_threads(1);
+  CHECK(ddp::train::conv_threads() == 1);
 }
 
 TEST_CASE("conv2d im2col + sgemm: a rectangular kernel, no bias, the convnet's conv2",
           "[unit][train]") {
+  ddp::train::set_conv_threads(GENERATE(1, 2));
   std::vector<float> scratch;
   SECTION("3x2 kernel without bias") {
     const Conv2dShape s{2, 3, 6, 5, 4, 3, 2};
@@ -131,4 +153,5 @@ TEST_CASE("conv2d im2col + sgemm: a rectangular kernel, no bias, the convnet's c
     CHECK(rel_error(db, db_ref) < 1e-5);
     CHECK(rel_error(dx, dx_ref) < kTol);
   }
+  ddp::train::set_conv_threads(1);
 }

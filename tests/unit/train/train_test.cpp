@@ -118,7 +118,10 @@ namespace {
 
 // Central finite differences of the batch-mean loss against backward's gradient, for every
 // parameter of a small model of the given layers.
-void check_gradients(ModelSpec spec) {
+// training: dropout on, with a fixed seed (the same masks in every forward, so the loss is a
+// deterministic function of the parameters). h: the finite difference's step, small enough that
+// no ReLU or max-pool kink lies within it for the spec's fixed inputs and parameters.
+void check_gradients(ModelSpec spec, bool training = false, float h = 1e-2f) {
   Model model(spec);
   model.init(3);
   const std::size_t rows = 3;
@@ -136,7 +139,8 @@ void check_gradients(ModelSpec spec) {
   }
   for (auto& l : labels) l = static_cast<std::uint8_t>(rng.next() % out);
   auto loss_at = [&]() {
-    model.forward(x.data(), rows);
+    model.set_dropout_seed(42);
+    model.forward(x.data(), rows, training);
     return model.loss(labels.data(), t.data(), rows, 1.0f / rows) / rows;
   };
   model.zero_grads();
@@ -152,7 +156,6 @@ void check_gradients(ModelSpec spec) {
   double worst = 0.0;
   for (std::size_t i = 0; i < p.size(); i += 1 + p.size() / 400) {
     const float keep = p[i];
-    const float h = 1e-2f;
     p[i] = keep + h;
     const double up = loss_at();
     p[i] = keep - h;
@@ -181,7 +184,31 @@ TEST_CASE("gradients of every layer kind match finite differences", "[unit][trai
     check_gradients({"small-ae", {{6, 4, Act::relu}, {4, 6, Act::sigmoid}}, Loss::mse, true});
   }
   SECTION("linear regression") { check_gradients({"lin", {{5, 2, Act::none}}, Loss::mse, false}); }
+  SECTION("conv, pool and dropout layers") {
+    // 2x6x5 -> conv 3 ch 3x3 ReLU (3x4x3) -> max-pool 2 (3x2x1) -> dropout 0.3 -> Linear(6, 4).
+    check_gradients({"small-conv",
+                     {conv_layer(2, 6, 5, 3, 3, Act::relu, 2, 0.3f), {6, 4, Act::none}},
+                     Loss::cross_entropy,
+                     false},
+                    true);
+    // Two convs (the second's input gradient flows into the first), a rectangular input, and
+    // dropout after a hidden Linear, as in the convnet. A ReLU kink lies within 1e-2 of one
+    // hidden unit's input here: a smaller step.
+    LayerSpec hidden{8, 5, Act::relu};
+    hidden.dropout = 0.5f;
+    check_gradients({"two-conv",
+                     {conv_layer(2, 6, 5, 3, 2, Act::relu, 0, 0.0f),
+                      conv_layer(3, 5, 4, 4, 2, Act::relu, 2, 0.25f),
+                      hidden,
+                      {5, 3, Act::none}},
+                     Loss::cross_entropy,
+                     false},
+                    true, 3e-3f);
+  }
   SECTION("the shipped models' shapes") {
+    CHECK(Model(model_spec("convnet")).param_count() == 1199882);
+    CHECK(Model(model_spec(ModelKind::convnet)).param_count() ==
+          32 * 9 + 32 + 64 * 32 * 9 + 64 + 9216 * 128 + 128 + 128 * 10 + 10);
     CHECK(Model(model_spec("mlp")).param_count() == 784 * 256 + 256 + 256 * 128 + 128 + 1290);
     CHECK(Model(model_spec("autoencoder")).param_count() ==
           784 * 128 + 128 + 2 * (128 * 128 + 128) + 128 * 784 + 784);
@@ -355,7 +382,10 @@ TEST_CASE("options: the words become enums once, a bad word names its flag", "[u
   CHECK(refused(bad) == "--dataset 'cifar': expected fashion-mnist or synthetic");
   bad = {};
   bad.model = "resnet";
-  CHECK(refused(bad) == "--model 'resnet': expected mlp, autoencoder or linear");
+  CHECK(refused(bad) == "--model 'resnet': expected mlp, autoencoder, linear or convnet");
+  bad = {};
+  bad.optimizer = "rmsprop";
+  CHECK(refused(bad) == "--optimizer 'rmsprop': expected sgd, adam or adadelta");
   o = {};
   o.precision = Precision::bf16;
   CHECK_THROWS_WITH(validate(o), Catch::Contains("--precision bf16 needs --device cuda"));
