@@ -31,8 +31,7 @@ struct Position {
 // Collective. Sets the engine's parameters and optimizer state on every rank (uploading them);
 // returns the snapshot's position, or nullopt for a fresh start from the seed. Throws
 // ConfigError naming the file when the snapshot holds another model or optimizer, or is bad.
-std::optional<Position> load_or_init(Engine& engine, const TrainOptions& o,
-                                     const TrainContext& c);
+std::optional<Position> load_or_init(Engine& engine, const TrainOptions& o, const TrainContext& c);
 
 // Writes the snapshot at `at` (the engine's current parameters and state). Replicated engines:
 // rank 0 only (others return at once). Sharded engines: collective.
