@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/random_floats.hpp"
 #include "ddp/kernels/conv_ops.hpp"
 #include "ddp/kernels/conv_ref.hpp"
 #include "ddp/proto/error.hpp"
@@ -44,14 +45,6 @@ struct Dev {
     return out;
   }
 };
-
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 bool close(const std::vector<float>& a, const std::vector<float>& b, float rel, float abs_tol) {
   if (a.size() != b.size()) return false;

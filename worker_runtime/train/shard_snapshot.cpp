@@ -79,33 +79,6 @@ fs::path dir_of(const std::string& path) {
   return p.has_parent_path() ? p.parent_path() : fs::path(".");
 }
 
-json header_json(const SnapshotHeader& h) {
-  return json{{"model", h.model},
-              {"optimizer", h.optimizer},
-              {"epoch", h.epoch},
-              {"step", h.step},
-              {"global_step", h.global_step},
-              {"adam_t", h.adam_t},
-              {"seed", h.seed},
-              {"lr", h.lr},
-              {"world_size", h.world_size},
-              {"batch_size", h.batch_size}};
-}
-SnapshotHeader header_from(const json& j) {  // throws nlohmann::json::exception
-  SnapshotHeader h;
-  h.model = j.at("model").get<std::string>();
-  h.optimizer = j.at("optimizer").get<std::string>();
-  h.epoch = j.at("epoch").get<std::int64_t>();
-  h.step = j.at("step").get<std::int64_t>();
-  h.global_step = j.at("global_step").get<std::int64_t>();
-  h.adam_t = j.at("adam_t").get<std::int64_t>();
-  h.seed = j.at("seed").get<std::uint64_t>();
-  h.lr = j.at("lr").get<double>();
-  h.world_size = j.at("world_size").get<int>();
-  h.batch_size = j.at("batch_size").get<int>();
-  return h;
-}
-
 // mkdir -p, tolerating ranks that create the same folders at once; fsyncs a new folder's parent.
 void make_dirs(const fs::path& dir, const std::string& what) {
   fs::path cur;
@@ -319,7 +292,7 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
   };
   std::vector<Entry> files;
   try {
-    r.header_ = header_from(c.header);
+    r.header_ = header_from_json(c.header);
     np = c.header.at("params").get<std::size_t>();
     if (r.sharded_) {
       r.sharding_ = c.header.at("sharding").get<std::string>();

@@ -43,20 +43,38 @@ std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h) {
   return h;
 }
 
+nlohmann::json header_json(const SnapshotHeader& h) {
+  return {{"model", h.model},
+          {"optimizer", h.optimizer},
+          {"epoch", h.epoch},
+          {"step", h.step},
+          {"global_step", h.global_step},
+          {"adam_t", h.adam_t},
+          {"seed", h.seed},
+          {"lr", h.lr},
+          {"world_size", h.world_size},
+          {"batch_size", h.batch_size}};
+}
+
+SnapshotHeader header_from_json(const nlohmann::json& j) {
+  SnapshotHeader h;
+  h.model = j.at("model").get<std::string>();
+  h.optimizer = j.at("optimizer").get<std::string>();
+  h.epoch = j.at("epoch").get<std::int64_t>();
+  h.step = j.at("step").get<std::int64_t>();
+  h.global_step = j.at("global_step").get<std::int64_t>();
+  h.adam_t = j.at("adam_t").get<std::int64_t>();
+  h.seed = j.at("seed").get<std::uint64_t>();
+  h.lr = j.at("lr").get<double>();
+  h.world_size = j.at("world_size").get<int>();
+  h.batch_size = j.at("batch_size").get<int>();
+  return h;
+}
+
 std::string encode_snapshot(const Snapshot& s) {
-  const SnapshotHeader& h = s.header;
-  nlohmann::json j = {{"model", h.model},
-                      {"params", s.params.size()},
-                      {"optimizer", h.optimizer},
-                      {"opt_state", s.opt_state.size()},
-                      {"epoch", h.epoch},
-                      {"step", h.step},
-                      {"global_step", h.global_step},
-                      {"adam_t", h.adam_t},
-                      {"seed", h.seed},
-                      {"lr", h.lr},
-                      {"world_size", h.world_size},
-                      {"batch_size", h.batch_size}};
+  nlohmann::json j = header_json(s.header);  // keys are written sorted, as before
+  j["params"] = s.params.size();
+  j["opt_state"] = s.opt_state.size();
   const std::string header = j.dump();
   std::string out(kMagic, sizeof kMagic);
   put_u32(out, static_cast<std::uint32_t>(header.size()));
@@ -93,17 +111,7 @@ Snapshot decode_snapshot(std::string_view b, const std::string& name) {
   std::size_t ns = 0;
   try {
     j = nlohmann::json::parse(b.substr(12, hlen));
-    SnapshotHeader& h = s.header;
-    h.model = j.at("model").get<std::string>();
-    h.optimizer = j.at("optimizer").get<std::string>();
-    h.epoch = j.at("epoch").get<std::int64_t>();
-    h.step = j.at("step").get<std::int64_t>();
-    h.global_step = j.at("global_step").get<std::int64_t>();
-    h.adam_t = j.at("adam_t").get<std::int64_t>();
-    h.seed = j.at("seed").get<std::uint64_t>();
-    h.lr = j.at("lr").get<double>();
-    h.world_size = j.at("world_size").get<int>();
-    h.batch_size = j.at("batch_size").get<int>();
+    s.header = header_from_json(j);
     np = j.at("params").get<std::size_t>();
     ns = j.at("opt_state").get<std::size_t>();
   } catch (const nlohmann::json::exception& e) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,6 +30,11 @@ struct Snapshot {
   std::vector<float> params;
   std::vector<float> opt_state;
 };
+
+// The header's fields as JSON and back (header_from_json throws nlohmann::json::exception for
+// a missing or mistyped field): one definition for the replicated file and the sharded index.
+nlohmann::json header_json(const SnapshotHeader& h);
+SnapshotHeader header_from_json(const nlohmann::json& j);
 
 std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull);
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "../../support/random_floats.hpp"
 #include "ddp/kernels/conv_ref.hpp"
 #include "ddp/proto/error.hpp"
 
@@ -19,14 +20,6 @@ using ddp::kernels::Conv2dShape;
 using ddp::kernels::PoolShape;
 
 namespace {
-
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0.0;

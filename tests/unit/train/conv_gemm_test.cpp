@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../../support/random_floats.hpp"
 #include "conv_gemm.hpp"
 #include "ddp/kernels/conv_ref.hpp"
 
@@ -19,14 +20,6 @@ namespace cpu = ddp::kernels::cpu;
 using ddp::kernels::Conv2dShape;
 
 namespace {
-
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // The largest |a - b| relative to the reference's largest magnitude (at least 1).
 double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
