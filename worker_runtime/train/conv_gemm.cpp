@@ -166,6 +166,14 @@ void backward_sample(const float* dyn, const float* xn, const float* w, float* d
 
 }  // namespace
 
+void parallel_ranges(std::size_t n, std::size_t min_per_range,
+                     const std::function<void(std::size_t, std::size_t)>& fn) {
+  const std::size_t most = n / std::max<std::size_t>(min_per_range, 1);
+  const std::size_t parts =
+      std::max<std::size_t>(1, std::min(most, static_cast<std::size_t>(conv_threads())));
+  split_batch(n, parts, [&](std::size_t, std::size_t lo, std::size_t hi) { fn(lo, hi); });
+}
+
 void set_conv_threads(int n) { g_conv_threads.store(std::clamp(n, 1, kMaxConvThreads)); }
 int conv_threads() { return g_conv_threads.load(); }
 

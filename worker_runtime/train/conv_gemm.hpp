@@ -3,6 +3,8 @@
 // unit tests check it). `cols` is the caller's scratch, grown as needed.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "ddp/kernels/conv_ref.hpp"
@@ -17,6 +19,12 @@ namespace ddp::train {
 inline constexpr int kMaxConvThreads = 64;
 void set_conv_threads(int n);
 int conv_threads();
+
+// Runs fn(lo, hi) over [0, n) cut into up to conv_threads() contiguous ranges side by side (one
+// on the calling thread), each at least min_per_range long: the element-wise layers around the
+// convolutions (activations, pooling, dropout), whose results do not depend on the cut.
+void parallel_ranges(std::size_t n, std::size_t min_per_range,
+                     const std::function<void(std::size_t, std::size_t)>& fn);
 
 // y = conv(x, w) + b, shapes as kernels::Conv2dShape.
 void conv2d_gemm_forward(const float* x, const float* w, const float* b, float* y,

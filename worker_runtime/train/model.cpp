@@ -16,6 +16,10 @@ namespace ddp::train {
 
 namespace cpu = ddp::kernels::cpu;
 
+// The element-wise layers split their work over the conv threads (conv_gemm.hpp) when there is
+// enough of it: a convolution's activations, not a small linear layer's.
+constexpr std::size_t kMinPerThread = std::size_t{1} << 16;
+
 std::size_t LayerSpec::weight_count() const {
   return kind == LayerKind::conv2d ? out_c * in_c * kernel * kernel : in * out;
 }
@@ -197,18 +201,30 @@ void Model::layer_forward(std::size_t k, const float* in, std::size_t rows, bool
     cpu::add_bias(z.data(), b, rows, l.out);
   }
   mem_->release(k, LayerMemory::Pass::forward);
-  if (l.act == Act::relu) cpu::relu_forward(z.data(), z.size());
-  if (l.act == Act::sigmoid) cpu::sigmoid_forward(z.data(), z.size());
+  float* zp = z.data();
+  parallel_ranges(z.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
+    if (l.act == Act::relu) cpu::relu_forward(zp + lo, hi - lo);
+    if (l.act == Act::sigmoid) cpu::sigmoid_forward(zp + lo, hi - lo);
+  });
   std::vector<float>& y = acts_[k];
   if (l.pool > 1) {
     const kernels::PoolShape ps{rows * l.out_c, l.conv_out_h(), l.conv_out_w(), l.pool};
     y.resize(ps.y_size());
     argmax_[k].resize(ps.y_size());
-    cpu::maxpool_forward(z.data(), y.data(), argmax_[k].data(), ps);
+    const std::size_t in_plane = ps.in_h * ps.in_w;
+    const std::size_t out_plane = ps.out_h() * ps.out_w();
+    parallel_ranges(ps.planes, kMinPerThread / in_plane + 1, [&](std::size_t lo, std::size_t hi) {
+      const kernels::PoolShape part{hi - lo, ps.in_h, ps.in_w, ps.k};
+      cpu::maxpool_forward(zp + lo * in_plane, y.data() + lo * out_plane,
+                           argmax_[k].data() + lo * out_plane, part);
+    });
   }
   if (training && l.dropout > 0.0f) {
-    cpu::dropout_forward(y.data(), y.data(), nullptr, y.size(), l.dropout,
-                         kernels::mix64(dropout_seed_ + k), 0);
+    float* yp = y.data();
+    const std::uint64_t seed = kernels::mix64(dropout_seed_ + k);
+    parallel_ranges(y.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
+      cpu::dropout_forward(yp + lo, yp + lo, nullptr, hi - lo, l.dropout, seed, lo);
+    });
   }
 }
 
@@ -245,8 +261,11 @@ void Model::layer_backward(std::size_t k, const float* in, std::size_t rows,
   const float* p = mem_->acquire(k, LayerMemory::Pass::backward);
   float* g = mem_->grads(k);
   if (l.dropout > 0.0f) {
-    cpu::dropout_backward(delta_.data(), delta_.data(), delta_.size(), l.dropout,
-                          kernels::mix64(dropout_seed_ + k), 0);
+    float* d = delta_.data();
+    const std::uint64_t seed = kernels::mix64(dropout_seed_ + k);
+    parallel_ranges(delta_.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
+      cpu::dropout_backward(d + lo, d + lo, hi - lo, l.dropout, seed, lo);
+    });
   }
   // dz: the gradient w.r.t. the activation's output, z its values.
   std::vector<float>* dz = &delta_;
@@ -254,11 +273,21 @@ void Model::layer_backward(std::size_t k, const float* in, std::size_t rows,
   if (l.pool > 1) {
     const kernels::PoolShape ps{rows * l.out_c, l.conv_out_h(), l.conv_out_w(), l.pool};
     scratch2_.resize(ps.x_size());
-    cpu::maxpool_backward(delta_.data(), argmax_[k].data(), scratch2_.data(), ps);
+    const std::size_t in_plane = ps.in_h * ps.in_w;
+    const std::size_t out_plane = ps.out_h() * ps.out_w();
+    parallel_ranges(ps.planes, kMinPerThread / in_plane + 1, [&](std::size_t lo, std::size_t hi) {
+      const kernels::PoolShape part{hi - lo, ps.in_h, ps.in_w, ps.k};
+      cpu::maxpool_backward(delta_.data() + lo * out_plane, argmax_[k].data() + lo * out_plane,
+                            scratch2_.data() + lo * in_plane, part);
+    });
     dz = &scratch2_;
   }
-  if (l.act == Act::relu) cpu::relu_backward(dz->data(), z.data(), z.size());
-  if (l.act == Act::sigmoid) cpu::sigmoid_backward(dz->data(), z.data(), z.size());
+  float* dzp = dz->data();
+  const float* zp = z.data();
+  parallel_ranges(z.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
+    if (l.act == Act::relu) cpu::relu_backward(dzp + lo, zp + lo, hi - lo);
+    if (l.act == Act::sigmoid) cpu::sigmoid_backward(dzp + lo, zp + lo, hi - lo);
+  });
   const float* w = p;
   float* gw = g;
   float* gb = g + l.weight_count();
