@@ -7,27 +7,12 @@
 #include <random>
 #include <vector>
 
+#include "../support/random_floats.hpp"
 #include "engine.hpp"
 
 using namespace ddp::train;
 
 namespace {
-
-struct Batch {
-  std::vector<float> x;
-  std::vector<std::uint8_t> labels;
-};
-
-Batch random_batch(std::size_t rows, std::size_t in, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  Batch b;
-  b.x.resize(rows * in);
-  for (auto& v : b.x) v = u(rng);
-  b.labels.resize(rows);
-  for (auto& l : b.labels) l = static_cast<std::uint8_t>(rng() % 10);
-  return b;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0.0;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/random_floats.hpp"
 #include "../support/comm_job.hpp"
 #include "../support/ranks.hpp"
 #include "ddp/kernels/device.hpp"
@@ -30,22 +31,6 @@ namespace {
 constexpr Sharding kLevels[] = {Sharding::optimizer, Sharding::gradients, Sharding::full};
 constexpr int kSteps = 4;
 constexpr std::size_t kRows = 48;  // not a multiple of 32
-
-struct Batch {
-  std::vector<float> x;
-  std::vector<std::uint8_t> labels;
-};
-
-Batch random_batch(std::size_t rows, std::size_t in, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  Batch b;
-  b.x.resize(rows * in);
-  for (auto& v : b.x) v = u(rng);
-  b.labels.resize(rows);
-  for (auto& l : b.labels) l = static_cast<std::uint8_t>(rng() % 10);
-  return b;
-}
 
 // kSteps optimizer steps of `accum` micro-batches (seeded by `seed`); the step losses.
 std::vector<double> train(Engine& e, int accum, std::uint32_t seed) {
