@@ -2,6 +2,7 @@
 #include "checkpoint.hpp"
 
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -28,8 +29,8 @@ void check_fits(const SnapshotReader& r, const TrainOptions& o, const Optimizer&
   }
 }
 
-SnapshotHeader header_at(const Engine& engine, const TrainOptions& o, const TrainContext& c,
-                         const Position& at, const Optimizer& opt) {
+SnapshotHeader header_at(const TrainOptions& o, const TrainContext& c, const Position& at,
+                         const Optimizer& opt) {
   SnapshotHeader h;
   h.model = to_string(o.model);
   h.optimizer = to_string(opt.config().kind);
@@ -41,7 +42,6 @@ SnapshotHeader header_at(const Engine& engine, const TrainOptions& o, const Trai
   h.lr = opt.config().lr;
   h.world_size = c.world;
   h.batch_size = o.batch_size;
-  (void)engine;
   return h;
 }
 
@@ -136,26 +136,40 @@ void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,
     if (c.rank != 0) return;
     engine.download();
     Snapshot s;
-    s.header = header_at(engine, o, c, at, opt);
+    s.header = header_at(o, c, at, opt);
     s.params = engine.model().params();
     s.opt_state = opt.state();
     write_snapshot_file(o.snapshot, s);
     return;
   }
   engine.download();  // a device's shard and optimizer state to shard_params(), state()
-  const SnapshotHeader h = header_at(engine, o, c, at, opt);
+  const SnapshotHeader h = header_at(o, c, at, opt);
   const int pieces = state_pieces(opt);
   const std::uint64_t mine =
       write_shard_file(o.snapshot, h, *layout, engine.shard_params(),
                        opt.state().empty() ? nullptr : opt.state().data(), pieces);
   std::vector<std::uint64_t> sums(static_cast<std::size_t>(c.world), mine);
   if (c.comm != nullptr && c.world > 1) c.comm->all_gather(&mine, sums.data(), sizeof mine);
+  // Rank 0 commits and says whether it could: the others neither wait for a commit that
+  // failed nor write the next save's files while rank 0 still tidies this one's folder.
+  std::int32_t committed = 1;
+  std::exception_ptr error;
   if (c.rank == 0) {
-    commit_sharded_snapshot(o.snapshot, h, layout->slots, c.world, pieces,
-                            to_string(engine.sharding()), sums);
+    try {
+      commit_sharded_snapshot(o.snapshot, h, layout->slots, c.world, pieces,
+                              to_string(engine.sharding()), sums);
+    } catch (...) {
+      error = std::current_exception();
+      committed = 0;
+    }
   }
-  // The next save's files must not be written while rank 0 still tidies this one's folder.
-  if (c.comm != nullptr && c.world > 1) c.comm->barrier();
+  if (c.comm != nullptr && c.world > 1) c.comm->broadcast(&committed, sizeof committed, 0);
+  if (error) std::rethrow_exception(error);
+  if (committed == 0) {
+    throw IoError("sharded snapshot " + o.snapshot +
+                  ": rank 0 could not commit it (its error names why; with --sharding every "
+                  "rank's shard must be in a folder rank 0 sees)");
+  }
 }
 
 }  // namespace ddp::train
