@@ -117,7 +117,8 @@ std::optional<Position> load_sharded(Engine& e, const TrainOptions& o, const Tra
 int state_pieces(const Optimizer& opt) {
   switch (opt.config().kind) {
     case OptimizerKind::sgd: return opt.config().momentum != 0.0f ? 1 : 0;
-    case OptimizerKind::adam: return 2;
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: return 2;
     case OptimizerKind::adadelta: return 2;
   }
   return 0;

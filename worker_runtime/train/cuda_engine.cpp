@@ -186,6 +186,9 @@ class CudaEngine final : public Engine {
     opt_.set_steps(opt_.steps() + 1);
     const auto& c = opt_.config();
     switch (c.kind) {
+      case OptimizerKind::adamw:
+        gpu::scale(p_.get(), n, 1.0f - c.lr * c.weight_decay, stream_);
+        [[fallthrough]];
       case OptimizerKind::adam:
         gpu::adam_step(p_.get(), g_.get(), state_.get(), state_.get() + n, n, c.lr, c.beta1,
                        c.beta2, c.eps, opt_.steps(), stream_);

@@ -70,6 +70,9 @@ void optimizer_kernel(const Optimizer& opt, float* p, const float* g, float* s0,
                       std::size_t count, cudaStream_t stream) {
   const OptimizerConfig& c = opt.config();
   switch (c.kind) {
+    case OptimizerKind::adamw:
+      gpu::scale(p, count, 1.0f - c.lr * c.weight_decay, stream);
+      [[fallthrough]];
     case OptimizerKind::adam:
       gpu::adam_step(p, g, s0, s1, count, c.lr, c.beta1, c.beta2, c.eps, opt.steps(), stream);
       break;

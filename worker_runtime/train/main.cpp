@@ -24,6 +24,7 @@
 #include "ddp/worker/error_file.hpp"
 #include "ddp/worker/progress.hpp"
 #include "conv_gemm.hpp"
+#include "mesh.hpp"
 #include "trainer.hpp"
 
 extern char** environ;
@@ -126,14 +127,15 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--batch-size,--batch_size", o.batch_size, "samples per rank per step")
       ->capture_default_str();
-  app.add_option("--model", words.model, "mlp | autoencoder | linear | convnet");
+  app.add_option("--model", words.model, "mlp | autoencoder | linear | convnet | llama");
   app.add_option("--dataset", words.dataset, "fashion-mnist | synthetic")->capture_default_str();
   app.add_option("--data", o.data_dir, "folder of the IDX files")->capture_default_str();
   app.add_option("--train-subset", o.train_subset, "use the first N training samples");
   app.add_option("--synthetic-size", o.synthetic_size, "samples of the synthetic dataset")
       ->capture_default_str();
   app.add_option("--lr", o.optimizer.lr, "learning rate")->capture_default_str();
-  app.add_option("--optimizer", words.optimizer, "sgd | adam | adadelta")->capture_default_str();
+  app.add_option("--optimizer", words.optimizer, "sgd | adam | adadelta | adamw")
+      ->capture_default_str();
   app.add_option("--lr-gamma", o.lr_gamma,
                  "StepLR: epoch e runs with lr x gamma^e, gamma in (0, 1]")
       ->capture_default_str();
@@ -163,6 +165,28 @@ int main(int argc, char** argv) {
   bool no_prefetch = false;
   app.add_flag("--no-prefetch", no_prefetch,
                "full sharding: gather each layer only when it runs (no overlap)");
+  // --model llama (issue 20; docs/ddp_train.md "The language model").
+  app.add_option("--dim", o.lm.dim, "llama: model width")->capture_default_str();
+  app.add_option("--n-layers", o.lm.n_layers, "llama: transformer blocks")->capture_default_str();
+  app.add_option("--n-heads", o.lm.n_heads, "llama: attention heads")->capture_default_str();
+  app.add_option("--ffn-hidden", o.lm.ffn_hidden,
+                 "llama: feed-forward units (0: LLaMA's rule, 2/3 of 4 x dim rounded up to 256)")
+      ->capture_default_str();
+  app.add_option("--seq-len", o.lm.seq_len, "llama: tokens (bytes) per sequence")
+      ->capture_default_str();
+  app.add_flag("--tie-embeddings", o.lm.tied, "llama: the output layer is the embedding");
+  app.add_option("--mesh", o.mesh, "llama: dp=D,tp=T (tensor parallel groups on one node)");
+  app.add_option("--text", o.text, "llama: a text file, or a folder of them (fortune's)")
+      ->capture_default_str();
+  app.add_option("--val-fraction", o.val_fraction, "llama: the text's last part, for validation")
+      ->capture_default_str();
+  app.add_option("--eval-seqs", o.eval_seqs, "llama: validation sequences per evaluation")
+      ->capture_default_str();
+  app.add_option("--epoch-steps", o.epoch_steps,
+                 "llama: optimizer steps per epoch (0: one pass over the text's tokens)")
+      ->capture_default_str();
+  app.add_option("--weight-decay", o.optimizer.weight_decay, "adamw's weight decay")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
     o.eval = !no_eval;
@@ -207,6 +231,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<worker::WorkerStore> store;
     std::unique_ptr<worker::Communicator> comm;
     std::unique_ptr<worker::Communicator> device_comm;
+    std::unique_ptr<train::MeshComms> mesh;        // --model llama: the dp and tp groups
     const bool launched = env.count("RANK") != 0;  // else: one process, world size 1
     if (launched) {
       wenv = worker::read_worker_env(env);
@@ -241,8 +266,19 @@ int main(int argc, char** argv) {
           ctx.device_comm = device_comm.get();
         }
         ctx.comm = comm.get();
+        if (o.model == train::ModelKind::llama) {
+          co.key_prefix = wenv.store_prefix() + "/ddp_train/mesh";
+          mesh = std::make_unique<train::MeshComms>(
+              train::make_mesh_comms(comm.get(), co, train::parse_mesh(o.mesh, wenv.world_size),
+                                     train::MeshBackend::gloo, shm_allreduce, ctx.cuda_device));
+        }
       }
     }
+    if (o.model == train::ModelKind::llama && mesh == nullptr) {
+      mesh = std::make_unique<train::MeshComms>(train::make_mesh_comms(
+          nullptr, {}, train::parse_mesh(o.mesh, 1), train::MeshBackend::gloo, false, 0));
+    }
+    ctx.mesh = mesh.get();
     const int code = train::train(o, ctx);
     std::cout << std::flush;
     return code;

@@ -97,6 +97,8 @@ ModelSpec model_spec(ModelKind kind) {
                   linear_layer(9216, 128, Act::relu, 0.5f), linear_layer(128, 10, Act::none)};
       s.loss = Loss::cross_entropy;
       break;
+    case ModelKind::llama:
+      throw ConfigError("--model llama is a transformer (lm_spec.hpp), not a stack of layers");
   }
   return s;
 }

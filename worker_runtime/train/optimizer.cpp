@@ -1,4 +1,4 @@
-// SGD, Adam and Adadelta steps (see optimizer.hpp); the arithmetic is in ddp_kernels' CPU
+// SGD, Adam, AdamW and Adadelta steps (see optimizer.hpp); the arithmetic is in ddp_kernels' CPU
 // references.
 #include "optimizer.hpp"
 
@@ -11,6 +11,7 @@ Optimizer::Optimizer(OptimizerConfig config, std::size_t params)
     : config_(std::move(config)), n_(params) {
   switch (config_.kind) {
     case OptimizerKind::adam:
+    case OptimizerKind::adamw:
     case OptimizerKind::adadelta: state_.assign(2 * n_, 0.0f); break;
     case OptimizerKind::sgd:
       if (config_.momentum != 0.0f) state_.assign(n_, 0.0f);
@@ -28,6 +29,9 @@ void Optimizer::step(const std::vector<Part>& parts) {
     if (p.count == 0) continue;
     const std::size_t o = p.offset;
     switch (config_.kind) {
+      case OptimizerKind::adamw:
+        kernels::cpu::scale(p.params, p.count, 1.0f - config_.lr * config_.weight_decay);
+        [[fallthrough]];
       case OptimizerKind::adam:
         kernels::cpu::adam_step(p.params, p.grads, s0 + o, s1 + o, p.count, config_.lr,
                                 config_.beta1, config_.beta2, config_.eps, steps_);

@@ -1,6 +1,6 @@
-// torch.optim.SGD (with momentum), torch.optim.Adam and torch.optim.Adadelta over the flat
-// parameter buffer. The state is one flat float vector, so snapshots store it as is. The
-// learning rate can change between steps (set_lr: the trainer's per-epoch StepLR schedule).
+// torch.optim.SGD (with momentum), torch.optim.Adam, torch.optim.AdamW and torch.optim.Adadelta
+// over the flat parameter buffer. The state is one flat float vector, so snapshots store it as is.
+// The learning rate can change between steps (set_lr: the trainer's per-epoch StepLR schedule).
 #pragma once
 
 #include <cstddef>
@@ -9,7 +9,7 @@
 
 namespace ddp::train {
 
-enum class OptimizerKind { sgd, adam, adadelta };  // --optimizer (options.hpp names them)
+enum class OptimizerKind { sgd, adam, adadelta, adamw };  // --optimizer (options.hpp names them)
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::sgd;
@@ -17,8 +17,9 @@ struct OptimizerConfig {
   float momentum = 0.0f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
-  float eps = 1e-8f;  // Adam's
-  float rho = 0.9f;   // Adadelta's (torch's defaults)
+  float eps = 1e-8f;           // Adam's
+  float weight_decay = 0.01f;  // AdamW's (torch's default): p *= 1 - lr * weight_decay first
+  float rho = 0.9f;            // Adadelta's (torch's defaults)
   float ada_eps = 1e-6f;
 };
 

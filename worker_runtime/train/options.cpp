@@ -35,10 +35,12 @@ constexpr Name<DatasetKind> kDatasets[] = {{DatasetKind::fashion_mnist, "fashion
 constexpr Name<ModelKind> kModels[] = {{ModelKind::mlp, "mlp"},
                                        {ModelKind::autoencoder, "autoencoder"},
                                        {ModelKind::linear, "linear"},
-                                       {ModelKind::convnet, "convnet"}};
+                                       {ModelKind::convnet, "convnet"},
+                                       {ModelKind::llama, "llama"}};
 constexpr Name<OptimizerKind> kOptimizers[] = {{OptimizerKind::sgd, "sgd"},
                                                {OptimizerKind::adam, "adam"},
-                                               {OptimizerKind::adadelta, "adadelta"}};
+                                               {OptimizerKind::adadelta, "adadelta"},
+                                               {OptimizerKind::adamw, "adamw"}};
 
 template <typename E, std::size_t N>
 std::string name_of(const Name<E> (&table)[N], E value) {
@@ -78,7 +80,7 @@ std::optional<OptimizerKind> optimizer_named(std::string_view name) {
   return find(kOptimizers, name);
 }
 ModelKind parse_model(std::string_view name) {
-  return parse(kModels, name, "--model", "mlp, autoencoder, linear or convnet");
+  return parse(kModels, name, "--model", "mlp, autoencoder, linear, convnet or llama");
 }
 
 Fault parse_fault(const std::string& text) {
@@ -165,7 +167,9 @@ void apply_choices(const ChoiceWords& w, const std::function<bool()>& cuda_visib
   } else {
     o.model = parse_model(w.model);
   }
-  o.optimizer.kind = parse(kOptimizers, w.optimizer, "--optimizer", "sgd, adam or adadelta");
+  if (o.model == ModelKind::llama && w.device == "auto") o.device = Device::cpu;
+  if (o.model == ModelKind::llama && w.backend == "auto") o.backend = Backend::gloo;
+  o.optimizer.kind = parse(kOptimizers, w.optimizer, "--optimizer", "sgd, adam, adadelta or adamw");
 }
 
 void validate(const TrainOptions& o) {
@@ -193,6 +197,25 @@ void validate(const TrainOptions& o) {
   if ((o.hidden != 0 || o.layers != 0) && o.model != ModelKind::mlp) {
     throw ConfigError("--hidden and --layers shape the mlp only (--model " + to_string(o.model) +
                       ")");
+  }
+  if (o.model == ModelKind::llama) {
+    if (o.device != Device::cpu) {
+      throw ConfigError(
+          "--model llama runs on --device cpu (its CUDA kernels exist, the GPU "
+          "engine for it does not yet)");
+    }
+    if (o.grad_accum != 1) throw ConfigError("--grad-accum is not supported with --model llama");
+    if (!(o.val_fraction > 0.0) || o.val_fraction > 0.5) {
+      throw ConfigError("--val-fraction must be in (0, 0.5]");
+    }
+    if (o.eval_seqs > 1000000) throw ConfigError("--eval-seqs: at most 1000000");
+    if (o.epoch_steps < 0) throw ConfigError("--epoch-steps must be >= 0");
+    validate(o.lm, 1);
+  } else if (!o.mesh.empty()) {
+    throw ConfigError("--mesh needs --model llama (the other models are data parallel only)");
+  }
+  if (o.optimizer.weight_decay < 0.0f || o.optimizer.weight_decay >= 1.0f) {
+    throw ConfigError("--weight-decay must be in [0, 1)");
   }
   if (o.model == ModelKind::convnet && o.dataset != DatasetKind::fashion_mnist) {
     throw ConfigError("--model convnet with --dataset " + to_string(o.dataset) +

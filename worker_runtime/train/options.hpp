@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "lm_spec.hpp"
 #include "model.hpp"
 #include "optimizer.hpp"
 #include "shard_layout.hpp"
@@ -36,7 +37,8 @@ std::string to_string(Sharding s);
 // A name's choice, or nullopt (no throw): for names read back from a snapshot.
 std::optional<ModelKind> model_named(std::string_view name);
 std::optional<OptimizerKind> optimizer_named(std::string_view name);
-// The same, throwing ConfigError "--model 'x': expected mlp, autoencoder, linear or convnet".
+// The same, throwing ConfigError "--model 'x': expected mlp, autoencoder, linear, convnet or
+// llama".
 ModelKind parse_model(std::string_view name);
 
 // DDP_TRAIN_FAULT, for tests: what rank `rank` does at global step `step` (steps count from 0,
@@ -98,6 +100,13 @@ struct TrainOptions {
   Precision precision = Precision::fp32;  // bf16: cuda only
   Sharding sharding = Sharding::none;     // --sharding
   bool prefetch = true;                   // --no-prefetch turns full sharding's prefetch off
+  // --model llama (issue 20): the transformer's sizes, the mesh, the text.
+  LmConfig lm;
+  std::string mesh;  // --mesh "dp=D,tp=T" ("": dp = world)
+  std::string text = "/usr/share/games/fortunes";
+  double val_fraction = 0.1;
+  std::size_t eval_seqs = 64;    // validation windows per evaluation
+  std::int64_t epoch_steps = 0;  // 0: one pass over the training text's tokens
 };
 
 // The command line's words for the choices, as CLI11 reads them (the defaults are the flags').

@@ -2,9 +2,7 @@
 // snapshot at any world size (see shard_snapshot.hpp).
 #include "shard_snapshot.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,162 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "ddp/proto/error.hpp"
+#include "snapshot_io.hpp"
 
 namespace ddp::train {
-namespace {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-
-constexpr char kSnapMagic[8] = {'D', 'D', 'P', 'S', 'N', 'A', 'P', '1'};
-constexpr char kIndexMagic[8] = {'D', 'D', 'P', 'S', 'I', 'D', 'X', '1'};
-constexpr char kShardMagic[8] = {'D', 'D', 'P', 'S', 'H', 'R', 'D', '1'};
-constexpr std::size_t kPrefix = 12;  // the magic and the u32 header length
-constexpr std::size_t kTrailer = 8;
-
-// Rank q's part of a slot of s elements cut into w parts, as worker::even_shards cuts it.
-std::size_t part_count(std::size_t s, std::size_t w, std::size_t q) {
-  return s / w + (q < s % w ? 1 : 0);
-}
-std::size_t part_offset(std::size_t s, std::size_t w, std::size_t q) {
-  return q * (s / w) + std::min(q, s % w);
-}
-std::size_t part_of(std::size_t s, std::size_t w, std::size_t i) {  // the part holding i < s
-  const std::size_t base = s / w;
-  const std::size_t big = (s % w) * (base + 1);  // elements in the parts with one more
-  return i < big ? i / (base + 1) : s % w + (i - big) / base;
-}
-std::size_t shard_size_of(const std::vector<LayerSlot>& slots, int world, int rank) {
-  std::size_t n = 0;
-  for (const LayerSlot& s : slots) {
-    n += part_count(s.size(), static_cast<std::size_t>(world), static_cast<std::size_t>(rank));
-  }
-  return n;
-}
-
-std::string le_bytes(std::uint64_t v, int bytes) {
-  std::string out;
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  return out;
-}
-std::uint64_t get_le(const char* p, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= std::uint64_t{static_cast<std::uint8_t>(p[i])} << (8 * i);
-  return v;
-}
-std::string_view float_bytes(const float* p, std::size_t n) {
-  return n == 0 ? std::string_view() : std::string_view(reinterpret_cast<const char*>(p), n * 4);
-}
-
-std::string shard_header(int rank, int world, std::int64_t global_step, std::size_t params,
-                         int pieces, const std::string& model) {
-  return json{{"rank", rank},     {"world", world},   {"global_step", global_step},
-              {"params", params}, {"pieces", pieces}, {"model", model}}
-      .dump();
-}
-std::size_t file_bytes(std::size_t header_len, std::size_t floats, int pieces) {
-  return kPrefix + header_len + 4 * floats * (1 + static_cast<std::size_t>(pieces)) + kTrailer;
-}
-std::string shard_rel(const std::string& base, std::int64_t global_step, int rank, int world) {
-  return base + ".shards/step-" + std::to_string(global_step) + "/rank-" + std::to_string(rank) +
-         "-of-" + std::to_string(world) + ".bin";
-}
-fs::path dir_of(const std::string& path) {
-  const fs::path p(path);
-  return p.has_parent_path() ? p.parent_path() : fs::path(".");
-}
-
-// mkdir -p, tolerating ranks that create the same folders at once; fsyncs a new folder's parent.
-void make_dirs(const fs::path& dir, const std::string& what) {
-  fs::path cur;
-  for (const fs::path& part : dir) {
-    cur /= part;
-    if (::mkdir(cur.c_str(), 0755) == 0) {
-      const fs::path parent = cur.has_parent_path() ? cur.parent_path() : fs::path(".");
-      if (int dfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-      }
-    } else if (errno != EEXIST || !fs::is_directory(cur)) {
-      throw IoError(what + ": cannot create the folder " + cur.string() + ": " +
-                    std::strerror(errno));
-    }
-  }
-}
-
-struct Fd {  // a file opened for reading, closed at the end of the scope
-  explicit Fd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  ~Fd() { ::close(fd); }  // -1: EBADF, harmless
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int fd;
-};
-
-// n bytes at off; a file that ends early is a ConfigError naming `what`.
-void pread_exact(int fd, void* buf, std::size_t n, std::size_t off, const std::string& what) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError(what + ": read failed: " + std::strerror(errno));
-    if (r == 0) throw ConfigError(what + ": the file ends early (truncated)");
-    p += r;
-    n -= static_cast<std::size_t>(r);
-    off += static_cast<std::size_t>(r);
-  }
-}
-
-// An opened, checked file: magic, trailer (streamed once, constant memory) and JSON header.
-struct Checked {
-  std::size_t size = 0;
-  std::uint64_t fnv = 0;
-  std::size_t data_off = 0;
-  json header;
-};
-// want_size: the size the index gives (0: any).
-Checked check_file(int fd, const char* magic, std::size_t want_size, const std::string& what) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw IoError(what + ": fstat failed: " + std::strerror(errno));
-  Checked c;
-  c.size = static_cast<std::size_t>(st.st_size);
-  if (want_size != 0 && c.size != want_size) {
-    throw ConfigError(what + ": holds " + std::to_string(c.size) + " bytes, the index says " +
-                      std::to_string(want_size) + " (truncated or of another save)");
-  }
-  char head[kPrefix];
-  if (c.size < kPrefix + kTrailer) throw ConfigError(what + ": too short to be a snapshot file");
-  pread_exact(fd, head, kPrefix, 0, what);
-  if (std::memcmp(head, magic, 8) != 0) {
-    throw ConfigError(what + ": not a " + std::string(magic, 8) + " file (bad magic)");
-  }
-  std::vector<char> buf(std::size_t{1} << 20);
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::size_t off = 0; off < c.size - kTrailer;) {
-    const std::size_t n = std::min(buf.size(), c.size - kTrailer - off);
-    pread_exact(fd, buf.data(), n, off, what);
-    h = fnv1a64(buf.data(), n, h);
-    off += n;
-  }
-  char tail[kTrailer];
-  pread_exact(fd, tail, kTrailer, c.size - kTrailer, what);
-  c.fnv = get_le(tail, 8);
-  if (h != c.fnv) throw ConfigError(what + ": checksum mismatch (truncated or corrupt file)");
-  const std::size_t hlen = get_le(head + 8, 4);
-  if (kPrefix + hlen + kTrailer > c.size) {
-    throw ConfigError(what + ": header length " + std::to_string(hlen) + " runs past the end");
-  }
-  std::string text(hlen, '\0');
-  pread_exact(fd, text.data(), hlen, kPrefix, what);
-  try {
-    c.header = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ConfigError(what + ": bad header: " + e.what());
-  }
-  c.data_off = kPrefix + hlen;
-  return c;
-}
-
-}  // namespace
+using namespace detail;  // this file's own internals (snapshot_io.hpp)
 
 std::string shard_file_path(const std::string& path, std::int64_t global_step, int rank,
                             int world) {
@@ -182,30 +29,33 @@ std::uint64_t write_shard_file(const std::string& path, const SnapshotHeader& h,
                                const ShardLayout& layout, const float* params_shard,
                                const float* opt_state_shard, int pieces) {
   const std::string file = shard_file_path(path, h.global_step, layout.rank, layout.world);
-  const std::string what = "sharded snapshot " + file;
   const std::size_t n = layout.shard_size;
-  if (pieces < 0 || h.global_step < 0 || (n > 0 && params_shard == nullptr) ||
-      (n > 0 && pieces > 0 && opt_state_shard == nullptr)) {
-    throw ConfigError(what + ": bad arguments (negative pieces or global_step, or no buffers)");
-  }
-  make_dirs(fs::path(file).parent_path(), what);
   const std::string header =
-      shard_header(layout.rank, layout.world, h.global_step, n, pieces, h.model);
-  const std::string head = std::string(kShardMagic, 8) + le_bytes(header.size(), 4) + header;
-  const std::string_view params = float_bytes(params_shard, n);
-  const std::string_view state = float_bytes(opt_state_shard, n * static_cast<std::size_t>(pieces));
-  std::uint64_t fnv = fnv1a64(head.data(), head.size());
-  fnv = fnv1a64(params.data(), params.size(), fnv);
-  fnv = fnv1a64(state.data(), state.size(), fnv);
-  const std::string trailer = le_bytes(fnv, 8);
-  write_file_atomically(file, {head, params, state, trailer}, what);
-  return fnv;
+      shard_header(layout.rank, layout.world, h.global_step, n, pieces, h.model).dump();
+  return write_shard(file, header, h.global_step, params_shard, n, opt_state_shard, pieces,
+                     "sharded snapshot " + file);
 }
 
 void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
                              const std::vector<LayerSlot>& slots, int world, int pieces,
                              const std::string& sharding,
                              const std::vector<std::uint64_t>& shard_checksums) {
+  std::vector<std::string> headers;
+  std::vector<std::size_t> floats;
+  for (int q = 0; q < std::max(world, 0); ++q) {
+    floats.push_back(ranged_size(even_ranges(slots, world, q)));
+    headers.push_back(shard_header(q, world, h.global_step, floats.back(), pieces, h.model).dump());
+  }
+  commit_index(path, h, slots, world, pieces, sharding, shard_checksums, headers, floats,
+               json::object());
+}
+
+void detail::commit_index(const std::string& path, const SnapshotHeader& h,
+                          const std::vector<LayerSlot>& slots, int world, int pieces,
+                          const std::string& sharding,
+                          const std::vector<std::uint64_t>& shard_checksums,
+                          const std::vector<std::string>& headers,
+                          const std::vector<std::size_t>& floats, const json& extra) {
   const std::string what = "sharded snapshot " + path;
   if (world < 1 || pieces < 0 || shard_checksums.size() != static_cast<std::size_t>(world)) {
     throw ConfigError(what + ": " + std::to_string(shard_checksums.size()) +
@@ -215,9 +65,8 @@ void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
   const std::string base = fs::path(path).filename().string();
   json files = json::array();
   for (int q = 0; q < world; ++q) {
-    const std::size_t n = shard_size_of(slots, world, q);
-    const std::size_t bytes =
-        file_bytes(shard_header(q, world, h.global_step, n, pieces, h.model).size(), n, pieces);
+    const auto uq = static_cast<std::size_t>(q);
+    const std::size_t bytes = file_bytes(headers[uq].size(), floats[uq], pieces);
     const std::string rel = shard_rel(base, h.global_step, q, world);
     const std::string full = (dir / rel).string();
     struct stat st {};
@@ -226,8 +75,7 @@ void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
                     " is missing or not " + std::to_string(bytes) +
                     " bytes long (every rank must write to one shared folder)");
     }
-    files.push_back(
-        {{"name", rel}, {"bytes", bytes}, {"fnv", shard_checksums[static_cast<std::size_t>(q)]}});
+    files.push_back({{"name", rel}, {"bytes", bytes}, {"fnv", shard_checksums[uq]}});
   }
   json j = header_json(h);
   j["world_size"] = world;
@@ -238,6 +86,7 @@ void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
   j["params"] = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
   j["slots"] = sizes;
   j["files"] = files;
+  for (const auto& [key, value] : extra.items()) j[key] = value;
   const std::string header = j.dump();
   const std::string head = std::string(kIndexMagic, 8) + le_bytes(header.size(), 4) + header;
   const std::string trailer = le_bytes(fnv1a64(head.data(), head.size()), 8);
@@ -291,6 +140,8 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
     std::uint64_t fnv;
   };
   std::vector<Entry> files;
+  std::vector<FileRanges> ranges;  // empty: the even cut
+  const bool ranged = c.header.contains("ranges");
   try {
     r.header_ = header_from_json(c.header);
     np = c.header.at("params").get<std::size_t>();
@@ -302,6 +153,7 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
         files.push_back({e.at("name").get<std::string>(), e.at("bytes").get<std::size_t>(),
                          e.at("fnv").get<std::uint64_t>()});
       }
+      if (c.header.contains("layout")) r.layout_ = c.header.at("layout").dump();
     } else {
       ns = c.header.at("opt_state").get<std::size_t>();
     }
@@ -321,8 +173,11 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
                         " parameters");
     }
     r.pieces_ = np > 0 ? static_cast<int>(ns / np) : 0;
-    ShardFile whole{path, c.data_off, np, {}};  // one "shard": the flat layout
-    for (const LayerSlot& s : slots) whole.local.push_back(s.w);
+    ShardFile whole{path, c.data_off, np, {}, {}};  // one "shard": the flat layout
+    for (const LayerSlot& s : slots) {
+      whole.local.push_back(s.w);
+      whole.ranges.push_back({0, s.size()});
+    }
     r.files_.push_back(std::move(whole));
     return r;
   }
@@ -342,6 +197,14 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
     throw ConfigError(what + ": world_size " + std::to_string(world) + " but " +
                       std::to_string(files.size()) + " shard files");
   }
+  if (ranged) {
+    ranges = ranges_from_json(c.header.at("ranges"), what);
+    if (ranges.size() != files.size()) {
+      throw ConfigError(what + ": \"ranges\" has " + std::to_string(ranges.size()) +
+                        " entries for " + std::to_string(files.size()) + " shard files");
+    }
+    check_tiling(slots, ranges, what + ": \"ranges\"");
+  }
   const fs::path dir = dir_of(path);
   for (int q = 0; q < world; ++q) {
     ShardFile f;
@@ -356,6 +219,17 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
     }
     f.path = (dir / rel).string();
     const std::string fwhat = what + ": shard file " + f.path;
+    f.ranges = ranged ? ranges[static_cast<std::size_t>(q)] : even_ranges(slots, world, q);
+    f.shard_size = ranged_size(f.ranges);
+    const std::string want = shard_header(q, world, h.global_step, f.shard_size, r.pieces_, h.model,
+                                          ranged ? &f.ranges : nullptr)
+                                 .dump();
+    if (file_bytes(want.size(), f.shard_size, r.pieces_) != bytes) {
+      throw ConfigError(fwhat + ": the index gives it " + std::to_string(bytes) + " bytes, its " +
+                        std::to_string(f.shard_size) + " floats and " + std::to_string(r.pieces_) +
+                        " optimizer pieces take " +
+                        std::to_string(file_bytes(want.size(), f.shard_size, r.pieces_)));
+    }
     Fd sfd(f.path);
     if (sfd.fd < 0) {
       throw ConfigError(fwhat + (errno == ENOENT
@@ -367,18 +241,17 @@ std::optional<SnapshotReader> SnapshotReader::open(const std::string& path,
       throw ConfigError(fwhat + ": checksum differs from the index's (a file of another save)");
     }
     f.data_off = sc.data_off;
-    f.shard_size = shard_size_of(slots, world, q);
-    const std::string want =
-        shard_header(q, world, h.global_step, f.shard_size, r.pieces_, h.model);
-    if (sc.header != json::parse(want) ||
-        file_bytes(want.size(), f.shard_size, r.pieces_) != bytes) {
+    if (sc.header != json::parse(want)) {
       throw ConfigError(fwhat + ": its header " + sc.header.dump() +
-                        " or size does not match the index's " + want);
+                        " does not match the index's " + want);
     }
+    // Where slot k's part starts: slot 0 first in a ranged file, the flat layout's order (the
+    // last layer first) in an even-cut one.
     f.local.resize(slots.size());
-    for (std::size_t k = slots.size(), at = 0; k-- > 0;) {  // the flat layout's order
+    for (std::size_t i = 0, at = 0; i < slots.size(); ++i) {
+      const std::size_t k = ranged ? i : slots.size() - 1 - i;
       f.local[k] = at;
-      at += part_count(slots[k].size(), files.size(), static_cast<std::size_t>(q));
+      at += f.ranges[k].size();
     }
     r.files_.push_back(std::move(f));
   }
@@ -407,16 +280,12 @@ void SnapshotReader::read(std::size_t k, std::size_t lo, std::size_t hi, float* 
                       std::to_string(hi) + ") in layer " + std::to_string(k) + ", or not " +
                       std::to_string(pieces_) + " optimizer pieces");
   }
-  if (lo == hi) return;
-  const std::size_t s = slots_[k].size();
-  const std::size_t w = files_.size();  // 1 when replicated: its one part is the whole slot
-  for (std::size_t q = part_of(s, w, lo); q < w; ++q) {
-    const std::size_t begin = part_offset(s, w, q);
-    if (begin >= hi) break;
-    const std::size_t a = std::max(lo, begin);
-    const std::size_t b = std::min(hi, begin + part_count(s, w, q));
-    if (a >= b) continue;
-    read_range(files_[q], files_[q].local[k] + (a - begin), b - a, params, opt, a - lo);
+  // The files' ranges tile the slot (checked by open), in any order of the files.
+  for (const ShardFile& f : files_) {
+    const SlotRange& held = f.ranges[k];
+    const std::size_t a = std::max(lo, held.lo);
+    const std::size_t b = std::min(hi, held.hi);
+    if (a < b) read_range(f, f.local[k] + (a - held.lo), b - a, params, opt, a - lo);
   }
 }
 

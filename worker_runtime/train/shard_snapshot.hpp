@@ -3,7 +3,8 @@
 // `<path>.shards/step-<global_step>/`, then rank 0 writes the index at `path`, whose atomic
 // rename is the commit point. SnapshotReader opens an index or a replicated snapshot
 // (snapshot.hpp) and reads any slice of any layer, so a run can resume at another world size:
-// it preads only the bytes asked for, never the whole file.
+// it preads only the bytes asked for, never the whole file. A shard file holds either every
+// slot's even cut or explicit ranges (shard_ranges.hpp: issue 20's mesh); the reader reads both.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,7 @@
 
 #include "model.hpp"
 #include "shard_layout.hpp"
+#include "shard_ranges.hpp"
 #include "snapshot.hpp"
 
 namespace ddp::train {
@@ -44,8 +46,9 @@ void commit_sharded_snapshot(const std::string& path, const SnapshotHeader& h,
 class SnapshotReader {
  public:
   // nullopt when `path` does not exist. Checks everything once (magic, header, the slot sizes
-  // against `slots`, every shard file's presence, size, header and checksum, streamed in
-  // constant memory) and throws ConfigError naming the file and what is wrong.
+  // against `slots`, a ranged index's ranges tiling every slot, every shard file's presence,
+  // size, header and checksum, streamed in constant memory) and throws ConfigError naming the
+  // file and what is wrong.
   static std::optional<SnapshotReader> open(const std::string& path,
                                             const std::vector<LayerSlot>& slots);
 
@@ -54,9 +57,13 @@ class SnapshotReader {
   int pieces() const { return pieces_; }
   int world() const { return header_.world_size; }
   const std::string& sharding() const { return sharding_; }  // "none" when replicated
+  // The index's "layout" as compact JSON (commit_ranged_snapshot's layout_json, keys sorted);
+  // "" when absent (an even-cut or replicated snapshot).
+  const std::string& layout() const { return layout_; }
 
   // Elements [lo, hi) of slot k: the parameters into params[0, hi - lo), optimizer piece j into
   // opt[j][0, hi - lo). opt empty: the state is skipped; otherwise it has pieces() entries.
+  // Reads the overlapping part of every file holding some of them (even cut or ranged).
   void read(std::size_t k, std::size_t lo, std::size_t hi, float* params,
             const std::vector<float*>& opt) const;
   // This rank's whole shard under `layout`: params_shard and, unless opt_state_shard is null,
@@ -70,6 +77,7 @@ class SnapshotReader {
     std::size_t data_off = 0;        // bytes before the parameters
     std::size_t shard_size = 0;      // floats of parameters in the file (n of each piece)
     std::vector<std::size_t> local;  // where slot k's part starts among them
+    FileRanges ranges;               // the part of slot k it holds: [lo, hi) within the slot
   };
   // count elements from element `first` of the file's parameters (and of each piece) into
   // params + out_off and opt[j] + out_off.
@@ -81,6 +89,7 @@ class SnapshotReader {
   bool sharded_ = false;
   int pieces_ = 0;
   std::string sharding_ = "none";
+  std::string layout_;
   std::vector<LayerSlot> slots_;
   std::size_t total_ = 0;  // floats in the whole model
   std::vector<ShardFile> files_;

@@ -449,6 +449,7 @@ void Run::report(double secs, std::uint64_t checksum) {
 }  // namespace
 
 int train(const TrainOptions& options, const TrainContext& ctx) {
+  if (options.model == ModelKind::llama) return train_lm(options, ctx);
   Run run(options, ctx);
   return run.go();
 }

@@ -17,6 +17,8 @@ class ProgressWriter;
 
 namespace ddp::train {
 
+struct MeshComms;
+
 struct TrainContext {
   int rank = 0;
   int world = 1;
@@ -33,9 +35,12 @@ struct TrainContext {
   // all-reduce; rank 0 also "phase=checkpoint" before a snapshot and "phase=eval" before the
   // evaluation. n is the global step being taken, counted from 0 (DDP_TRAIN_FAULT's numbering).
   worker::ProgressWriter* progress = nullptr;
+  MeshComms* mesh = nullptr;  // --model llama: this rank's place and its dp and tp groups
 };
 
 // Returns the exit code: 0 when done, 128 + signal when stopped by one. Throws on errors.
 int train(const TrainOptions& options, const TrainContext& ctx);
+// --model llama's loop (lm_trainer.cpp); train() hands it over.
+int train_lm(const TrainOptions& options, const TrainContext& ctx);
 
 }  // namespace ddp::train

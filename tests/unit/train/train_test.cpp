@@ -382,10 +382,10 @@ TEST_CASE("options: the words become enums once, a bad word names its flag", "[u
   CHECK(refused(bad) == "--dataset 'cifar': expected fashion-mnist or synthetic");
   bad = {};
   bad.model = "resnet";
-  CHECK(refused(bad) == "--model 'resnet': expected mlp, autoencoder, linear or convnet");
+  CHECK(refused(bad) == "--model 'resnet': expected mlp, autoencoder, linear, convnet or llama");
   bad = {};
   bad.optimizer = "rmsprop";
-  CHECK(refused(bad) == "--optimizer 'rmsprop': expected sgd, adam or adadelta");
+  CHECK(refused(bad) == "--optimizer 'rmsprop': expected sgd, adam, adadelta or adamw");
   o = {};
   o.precision = Precision::bf16;
   CHECK_THROWS_WITH(validate(o), Catch::Contains("--precision bf16 needs --device cuda"));
