@@ -4,8 +4,13 @@ trains correctly with --per-worker-slurm-env; PyTorch Lightning trains with its 
 environment (torchrun's variables) and with SLURMEnvironment forced (Slurm's, rewritten by
 --per-worker-slurm-env), each rank seeing the right global rank and world size; and
 slurm/ddp-train-sharded.sbatch trains with --sharding full, writes a sharded snapshot and a
-second job resumes from it."""
+second job resumes from it; and slurm/ddp-train-fsdp-tp.sbatch trains the LLaMA-style model on
+the mesh dp=2 x tp=2 with each tp group on one node.
+
+Run: python3 -m pytest tests/slurm/test_slurm_scripts.py (as root; conftest.py starts the
+cluster)."""
 import json
+import math
 import os
 import re
 import struct
@@ -231,3 +236,35 @@ def test_sharded_script_trains_snapshots_shards_and_a_second_job_resumes(cluster
             {f"step-{4 * epochs}"}, index
     # The commit removed the first job's step folder.
     assert not (tmp_path / "sharded.snapshot.shards" / "step-4").exists()
+
+
+def test_fsdp_tp_script_keeps_each_tp_group_on_one_node(cluster, tmp_path):
+    """slurm/ddp-train-fsdp-tp.sbatch on 2 nodes x NPROC_PER_NODE=2 with a tiny --model llama:
+    the mesh is dp=2 x tp=2 with tp groups [0 1] and [2 3] each on its own node (rank 0's mesh
+    line), the job completes, every step's loss and the validation loss are finite, and the
+    sharded snapshot's index names the 4 ranks' shards."""
+    script = os.path.join(ROOT, "slurm", "ddp-train-fsdp-tp.sbatch")
+    snap = tmp_path / "lm.snapshot"
+    metrics = tmp_path / "lm-metrics.json"
+    tiny = ["--dim", "32", "--n-layers", "1", "--n-heads", "4", "--seq-len", "16",
+            "--batch-size", "2", "--epoch-steps", "4", "--eval-seqs", "4",
+            "--metrics-json", str(metrics)]
+    jid = cluster.sbatch(script, *tiny, env={"SNAPSHOT": str(snap), "EPOCHS": "1"})
+    try:
+        state, code, log = cluster.wait(jid, timeout=120)
+    finally:
+        cluster.cancel_quietly(jid)
+    assert (state, code) == ("COMPLETED", "0:0"), log
+    assert "mesh dp=2,tp=2, sharding full along dp" in log, log
+    mesh = re.findall(r"ddp-train: mesh dp=2 x tp=2: tp groups \[0 1\] on (\S+), "
+                      r"\[2 3\] on (\S+)", log)
+    assert mesh, log
+    # ddprun may restart a job (--max-restarts): each attempt prints the same layout.
+    assert {tuple(sorted(m)) for m in mesh} == {("dn1", "dn2")}, log
+    m = json.loads(metrics.read_text())
+    assert m["mesh"] == {"dp": 2, "tp": 2}, m
+    assert len(m["step_losses"]) == 4, m
+    assert all(math.isfinite(v) for v in m["step_losses"]), m
+    assert math.isfinite(m["val_loss"]), m
+    index = read_shard_index(snap)
+    assert index["world_size"] == 4 and len(index["files"]) == 4, index

@@ -179,15 +179,11 @@ void check_shards(const SnapshotReader& r, const Whole& w, int world) {
   }
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
 // The index's JSON header, and the index written again with the header changed by `edit`
 // (a valid checksum: only the reader's checks of the content can catch it).
 json index_json(const std::string& path) {
-  const std::string b = read_bytes(path);
+  std::ifstream f(path, std::ios::binary);
+  const std::string b{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   REQUIRE(b.size() > 20);
   std::size_t len = 0;
   for (int i = 0; i < 4; ++i) len |= std::size_t{static_cast<std::uint8_t>(b[8 + i])} << (8 * i);
@@ -206,18 +202,9 @@ void rewrite_index(const std::string& path, Edit edit) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
 }
 
-std::string config_error(const std::string& path, const std::vector<LayerSlot>& slots) {
-  try {
-    SnapshotReader::open(path, slots);
-  } catch (const ddp::ConfigError& e) {
-    return e.what();
-  }
-  FAIL("no ConfigError for " << path);
-  return "";
-}
-
+// The ConfigError's message of f() (a failure when it throws none).
 template <class F>
-std::string tiling_error(F f) {
+std::string config_error_of(F f) {
   try {
     f();
   } catch (const ddp::ConfigError& e) {
@@ -225,6 +212,9 @@ std::string tiling_error(F f) {
   }
   FAIL("no ConfigError");
   return "";
+}
+std::string config_error(const std::string& path, const std::vector<LayerSlot>& slots) {
+  return config_error_of([&] { SnapshotReader::open(path, slots); });
 }
 
 }  // namespace
@@ -255,7 +245,7 @@ TEST_CASE("shard ranges: check_tiling names the slot of a gap, an overlap or a b
           "[unit][train][shard_ranges]") {
   const std::vector<LayerSlot> slots = slots_of({6, 4});
   auto err = [&](const std::vector<FileRanges>& r) {
-    return tiling_error([&] { check_tiling(slots, r, "test"); });
+    return config_error_of([&] { check_tiling(slots, r, "test"); });
   };
   using Catch::Contains;
   CHECK_THAT(err({}), Contains("test") && Contains("no ranks"));
@@ -325,15 +315,15 @@ TEST_CASE("shard ranges: the commit refuses ranges that do not tile, bad layouts
   using Catch::Contains;
   std::vector<FileRanges> gap = kMesh;
   gap[2][6] = {5, 9};
-  CHECK_THAT(tiling_error([&] {
+  CHECK_THAT(config_error_of([&] {
                commit_ranged_snapshot(path, header_at(3), w.slots, 4, 1, "mesh", gap, "", sums);
              }),
              Contains(path) && Contains("slot 6") && Contains("[9, 10) are held by no rank"));
-  CHECK_THAT(tiling_error([&] {
+  CHECK_THAT(config_error_of([&] {
                commit_ranged_snapshot(path, header_at(3), w.slots, 3, 1, "mesh", kMesh, "", sums);
              }),
              Contains("ranges of 4 ranks for a world of 3"));
-  CHECK_THAT(tiling_error([&] {
+  CHECK_THAT(config_error_of([&] {
                commit_ranged_snapshot(path, header_at(3), w.slots, 4, 1, "mesh", kMesh, "{dp=2",
                                       sums);
              }),
