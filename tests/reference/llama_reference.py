@@ -24,8 +24,9 @@ parameter), SGD (--momentum).
 val_loss (mean cross-entropy of --eval-seqs validation windows, after training), unigram_baseline,
 elapsed_seconds (the training loop), tokens_per_sec (global tokens over steps 2..N divided by
 their time), and the final canonical parameters' fingerprint: param_sum, param_sumsq (float64 over
-lm_spec's canonical order, wo and w2 transposed) and param_absmax. --write-params PATH: rank 0
-writes that canonical vector as raw little-endian float32 (--steps 0: the initial values).
+lm_spec's canonical order, wo and w2 transposed; also as fingerprint: [sum, sumsq], ddp-train's
+key) and param_absmax. --write-params PATH: rank 0 writes that canonical vector as raw
+little-endian float32 (--steps 0: the initial values).
 """
 import argparse
 import json
@@ -361,6 +362,7 @@ def main(argv=None):
              "param_sum": float(flat.astype(np.float64).sum()),
              "param_sumsq": float(np.square(flat.astype(np.float64)).sum()),
              "param_absmax": float(np.abs(flat).max()), **info}
+        m["fingerprint"] = [m["param_sum"], m["param_sumsq"]]  # ddp-train's key
         print(f"llama_reference: dp={dp} tp={tp}: {a.steps} steps in {t2 - t0:.2f} s, "
               f"final loss {m['final_loss']}, val loss {val_loss}", flush=True)
         if a.out:
