@@ -199,8 +199,9 @@ void swiglu_backward(const float* ds, const float* g, const float* u, float* dg,
   for (std::size_t i = 0; i < n; ++i) {
     const float sig = 1.0f / (1.0f + std::exp(-g[i]));
     const float silu = g[i] * sig;
-    dg[i] = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-    du[i] = ds[i] * silu;
+    const float d = ds[i];  // read once: dg may be ds (in place)
+    dg[i] = d * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+    du[i] = d * silu;
   }
 }
 

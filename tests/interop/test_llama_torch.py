@@ -44,7 +44,7 @@ def torch_run(world, mesh, level, tmp_path, tag):
 def ddp_run(world, mesh, level, tmp_path, tag):
     out = tmp_path / f"cpp-{tag}.json"
     dp = world // (2 if "tp=2" in mesh else 1)
-    args = ["1", "0", *SIZES, "--epoch-steps", str(STEPS), "--batch-size",
+    args = ["1", "0", "--model", "llama", *SIZES, "--epoch-steps", str(STEPS), "--batch-size",
             str(GLOBAL_BATCH // dp), "--mesh", mesh, "--sharding", level, "--snapshot", "",
             "--metrics-json", str(out)]
     argv = [DDPRUN, "--standalone", f"--nproc-per-node={world}", "--no-python", TRAIN, *args]
@@ -91,7 +91,7 @@ def test_initial_values_are_the_same_numbers(tmp_path):
     s = sum(float(v) for v in values)
     sq = sum(float(v) * float(v) for v in values)
     out = tmp_path / "cpp-init.json"
-    args = ["0", "0", *SIZES, "--batch-size", "8", "--snapshot", "", "--metrics-json", str(out)]
+    args = ["0", "0", "--model", "llama", *SIZES, "--batch-size", "8", "--snapshot", "", "--metrics-json", str(out)]
     p = run_bounded([TRAIN, *args], str(tmp_path), clean_env(ENV), 120)  # 0 epochs: the init
     assert p.returncode == 0, output(p)
     with open(out) as f:

@@ -405,3 +405,16 @@ TEST_CASE("lm ops on a slice of whole sequences give exactly the whole batch's r
   CHECK(parts.dtable == whole.dtable);
   CHECK(parts.loss == Approx(whole.loss).epsilon(1e-12));
 }
+
+TEST_CASE("swiglu backward in place (dg is ds) gives the same gradients", "[lm_ref]") {
+  const std::vector<float> g = {-2.0f, -0.5f, 0.0f, 0.7f, 3.0f};
+  const std::vector<float> u = {1.5f, -1.0f, 2.0f, 0.25f, -0.75f};
+  const std::vector<float> ds = {0.3f, -1.2f, 0.8f, 2.0f, -0.4f};
+  std::vector<float> dg(5), du(5), du2(5);
+  ddp::kernels::cpu::swiglu_backward(ds.data(), g.data(), u.data(), dg.data(), du.data(), 5);
+  std::vector<float> inplace = ds;
+  ddp::kernels::cpu::swiglu_backward(inplace.data(), g.data(), u.data(), inplace.data(),
+                                     du2.data(), 5);
+  CHECK(inplace == dg);
+  CHECK(du2 == du);
+}

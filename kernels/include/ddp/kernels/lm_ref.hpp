@@ -53,7 +53,8 @@ void attention_backward(const float* dout, const float* q, const float* k, const
 
 // SwiGLU's gate: s[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)).
 void swiglu_forward(const float* g, const float* u, float* s, std::size_t n);
-// dg[i] = ds[i] * u[i] * silu'(g[i]); du[i] = ds[i] * silu(g[i]) (both overwritten).
+// dg[i] = ds[i] * u[i] * silu'(g[i]); du[i] = ds[i] * silu(g[i]) (both overwritten; dg may be
+// ds, in place).
 void swiglu_backward(const float* ds, const float* g, const float* u, float* dg, float* du,
                      std::size_t n);
 
