@@ -38,8 +38,10 @@ TEST_CASE("Adadelta: torch.optim.Adadelta's values, state square_avg then acc_de
   CHECK(opt.steps() == 3);
 }
 
-TEST_CASE("options: the convnet needs fashion-mnist and no mlp shape, --lr-gamma is in (0, 1]",
-          "[unit][train]") {
+TEST_CASE(
+    "options: the convnet needs fashion-mnist and no mlp shape, --lr-gamma is above 0 and at most "
+    "1",
+    "[unit][train]") {
   TrainOptions o;
   ChoiceWords conv;
   conv.model = "convnet";
