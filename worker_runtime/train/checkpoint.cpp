@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -153,12 +154,22 @@ void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,
   if (c.comm != nullptr && c.world > 1) c.comm->all_gather(&mine, sums.data(), sizeof mine);
   // Rank 0 commits and says whether it could: the others neither wait for a commit that
   // failed nor write the next save's files while rank 0 still tidies this one's folder.
+  commit_on_rank0(
+      c,
+      [&] {
+        commit_sharded_snapshot(o.snapshot, h, layout->slots, c.world, pieces,
+                                to_string(engine.sharding()), sums);
+      },
+      "sharded snapshot " + o.snapshot);
+}
+
+void commit_on_rank0(const TrainContext& c, const std::function<void()>& commit,
+                     const std::string& what) {
   std::int32_t committed = 1;
   std::exception_ptr error;
   if (c.rank == 0) {
     try {
-      commit_sharded_snapshot(o.snapshot, h, layout->slots, c.world, pieces,
-                              to_string(engine.sharding()), sums);
+      commit();
     } catch (...) {
       error = std::current_exception();
       committed = 0;
@@ -167,9 +178,9 @@ void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,
   if (c.comm != nullptr && c.world > 1) c.comm->broadcast(&committed, sizeof committed, 0);
   if (error) std::rethrow_exception(error);
   if (committed == 0) {
-    throw IoError("sharded snapshot " + o.snapshot +
-                  ": rank 0 could not commit it (its error names why; with --sharding every "
-                  "rank's shard must be in a folder rank 0 sees)");
+    throw IoError(what +
+                  ": rank 0 could not commit it (its error names why; every rank's shard must "
+                  "be in a folder rank 0 sees)");
   }
 }
 

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <optional>
 
 #include "engine.hpp"
@@ -37,6 +39,12 @@ std::optional<Position> load_or_init(Engine& engine, const TrainOptions& o, cons
 // rank 0 only (others return at once). Sharded engines: collective.
 void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,
                    const Position& at);
+
+// Sharded saves, after every rank wrote its file: rank 0 runs `commit`, and every rank learns
+// (a broadcast) whether it could, so none waits for or builds on a commit that failed. Rank 0
+// rethrows its error; the others throw IoError naming `what`. Collective.
+void commit_on_rank0(const TrainContext& c, const std::function<void()>& commit,
+                     const std::string& what);
 
 // The optimizer state's arrays per parameter: 0 (SGD), 1 (SGD with momentum), 2 (Adam's m
 // and v, Adadelta's two averages).

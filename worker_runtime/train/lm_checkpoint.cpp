@@ -119,28 +119,17 @@ void lm_save(LmEngine& e, const TrainOptions& o, const TrainContext& c, const Me
                               pieces > 0 ? opt.data() : nullptr, pieces);
   std::vector<std::uint64_t> sums(static_cast<std::size_t>(c.world), sum);
   if (c.comm != nullptr && c.world > 1) c.comm->all_gather(&sum, sums.data(), sizeof sum);
-  std::int32_t committed = 1;
-  std::exception_ptr error;
-  if (c.rank == 0) {
-    try {
-      std::vector<FileRanges> all;
-      for (std::size_t q = 0; q < static_cast<std::size_t>(c.world); ++q) {
-        all.push_back(lm_owned_ranges(cfg, shape.dp, shape.tp, place.dp[q], place.tp[q]));
-      }
-      commit_ranged_snapshot(o.snapshot, h, slots, c.world, pieces, to_string(e.sharding()), all,
-                             lm_layout_json(cfg, shape), sums);
-    } catch (...) {
-      error = std::current_exception();
-      committed = 0;
-    }
-  }
-  if (c.comm != nullptr && c.world > 1) c.comm->broadcast(&committed, sizeof committed, 0);
-  if (error) std::rethrow_exception(error);
-  if (committed == 0) {
-    throw IoError("snapshot " + o.snapshot +
-                  ": rank 0 could not commit it (its error names why; every rank's file must "
-                  "be in a folder rank 0 sees)");
-  }
+  commit_on_rank0(
+      c,
+      [&] {
+        std::vector<FileRanges> all;
+        for (std::size_t q = 0; q < static_cast<std::size_t>(c.world); ++q) {
+          all.push_back(lm_owned_ranges(cfg, shape.dp, shape.tp, place.dp[q], place.tp[q]));
+        }
+        commit_ranged_snapshot(o.snapshot, h, slots, c.world, pieces, to_string(e.sharding()), all,
+                               lm_layout_json(cfg, shape), sums);
+      },
+      "snapshot " + o.snapshot);
 }
 
 }  // namespace ddp::train
