@@ -32,16 +32,19 @@ import json
 import math
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "tests", "reference", "llama_reference.py")
 SIDES = ("ddp-train", "torch")
 LABELS = {"ddp-train": "ddp-train", "torch": "PyTorch"}
+PROGRESS = "train loss"  # ddp-train's line after each epoch (--long prints them as they come)
 
 
 def parse_args():
@@ -168,28 +171,47 @@ def run_one(a, side, argv, out):
     try:
         if lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+        # What ran: taken once the lock is held (a build may replace the binary while we wait).
+        binary = argv[4] if side == "ddp-train" else REFERENCE
+        ran = {"started": time.strftime("%H:%M:%S"),
+               "binary_mtime": os.path.getmtime(binary) if os.path.exists(binary) else None}
         t = time.monotonic()
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=env, start_new_session=True)
-        try:
-            log, _ = p.communicate(timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 15)  # the launcher we started, and its workers
+        expired = threading.Event()
+
+        def kill(sig):
             try:
-                log, _ = p.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
-                log, _ = p.communicate()
-            return {"error": f"timed out after {a.timeout} s", "log": log[-3000:]}
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+        def stop():  # at the time limit: the launcher we started, and its workers
+            expired.set()
+            kill(signal.SIGTERM)
+            threading.Timer(20, kill, (signal.SIGKILL,)).start()
+
+        timer = threading.Timer(a.timeout, stop)
+        timer.start()
+        lines = []
+        for line in p.stdout:  # --long: each epoch's line as it comes
+            lines.append(line)
+            if a.long and PROGRESS in line:
+                print("    " + line.rstrip(), flush=True)
+        p.wait()
+        timer.cancel()
+        log = "".join(lines)
+        if expired.is_set():
+            return {**ran, "error": f"timed out after {a.timeout} s", "log": log[-3000:]}
         wall = time.monotonic() - t
     finally:
         if lock:
             lock.close()
     if p.returncode != 0 or not os.path.exists(out):
-        return {"error": f"exit {p.returncode}", "log": log[-3000:]}
+        return {**ran, "error": f"exit {p.returncode}", "log": log[-3000:]}
     with open(out) as f:
         m = json.load(f)
-    r = {**normalise(side, m), "wall_seconds": wall}
+    r = {**ran, **normalise(side, m), "wall_seconds": wall}
     if side == "ddp-train":
         r["mesh_line"] = next((ln for ln in log.splitlines() if "ddp-train: mesh" in ln), None)
     if r["tokens_per_s"] is None:
@@ -324,17 +346,18 @@ def main():
             for dp, tp, side in configs[k:] + configs[:k]:  # rotated: no fixed position
                 out = os.path.join(tmp, f"{side}-{dp}x{tp}-{rep}.json")
                 argv = command(a, side, dp, tp, out)
-                binary = argv[4] if side == "ddp-train" else REFERENCE
-                r = {"rep": rep, "dp": dp, "tp": tp, "side": side,
-                     "started": time.strftime("%H:%M:%S"),
-                     "binary_mtime": os.path.getmtime(binary) if os.path.exists(binary) else None,
-                     "argv": argv, **run_one(a, side, argv, out)}
+                r = {"rep": rep, "dp": dp, "tp": tp, "side": side, "argv": argv,
+                     **run_one(a, side, argv, out)}
                 runs.append(r)
                 got = (f"{r['tokens_per_s']:.0f} tokens/s, final loss {r['step_losses'][-1]:.4f}"
                        if "error" not in r else r["error"])
                 print(f"  rep {rep + 1} {mesh_name(dp, tp)} {side}: {got}", flush=True)
                 if "error" in r:
                     print("    " + r["log"][-1200:].replace("\n", "\n    "), flush=True)
+    builds = {r.get("binary_mtime") for r in runs if r["side"] == "ddp-train"}
+    if len(builds) > 1:
+        print(f"lm_bench: ddp-train was rebuilt during the bench ({len(builds)} builds ran; "
+              "binary_mtime in the JSON says which run used which)", flush=True)
     summary = summarise(a, runs)
     tables = {"speed": speed_table(a, summary)}
     if "ddp-train" in a.sides:
