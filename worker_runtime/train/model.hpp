@@ -17,7 +17,13 @@
 
 namespace ddp::train {
 
-enum class ModelKind { mlp, autoencoder, linear, convnet, llama };  // --model (options.hpp names them)
+enum class ModelKind {
+  mlp,
+  autoencoder,
+  linear,
+  convnet,
+  llama
+};  // --model (options.hpp names them)
 enum class Act { none, relu, sigmoid };
 enum class Loss { cross_entropy, mse };
 enum class LayerKind { linear, conv2d };

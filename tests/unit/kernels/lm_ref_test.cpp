@@ -413,8 +413,8 @@ TEST_CASE("swiglu backward in place (dg is ds) gives the same gradients", "[lm_r
   std::vector<float> dg(5), du(5), du2(5);
   ddp::kernels::cpu::swiglu_backward(ds.data(), g.data(), u.data(), dg.data(), du.data(), 5);
   std::vector<float> inplace = ds;
-  ddp::kernels::cpu::swiglu_backward(inplace.data(), g.data(), u.data(), inplace.data(),
-                                     du2.data(), 5);
+  ddp::kernels::cpu::swiglu_backward(inplace.data(), g.data(), u.data(), inplace.data(), du2.data(),
+                                     5);
   CHECK(inplace == dg);
   CHECK(du2 == du);
 }

@@ -13,8 +13,8 @@
 namespace ddp::kernels::cpu {
 
 // out[r][:] = table[tokens[r]][:] (table [vocab][dim]; tokens already checked < vocab).
-void embedding_forward(const std::int32_t* tokens, const float* table, float* out,
-                       std::size_t rows, std::size_t dim);
+void embedding_forward(const std::int32_t* tokens, const float* table, float* out, std::size_t rows,
+                       std::size_t dim);
 // dtable[tokens[r]][:] += dout[r][:], rows in order (so the sums' order is fixed).
 void embedding_backward(const std::int32_t* tokens, const float* dout, float* dtable,
                         std::size_t rows, std::size_t dim);
@@ -24,8 +24,8 @@ void embedding_backward(const std::int32_t* tokens, const float* dout, float* dt
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, std::size_t rows,
                      std::size_t dim, float eps);
 // dx (overwritten) and dw (accumulated: dw[i] += sum_r dy[r][i] * x[r][i] * rstd[r]).
-void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
-                      float* dx, float* dw, std::size_t rows, std::size_t dim);
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw, std::size_t rows, std::size_t dim);
 
 // Rotary position embedding, in place, on x [rows][heads * head_dim] (queries or keys) with
 // LLaMA's interleaved pairs: for the token at position p = r % seq, head h, pair j < head_dim/2,
@@ -44,8 +44,7 @@ void rope_backward(float* dx, std::size_t rows, std::size_t seq, std::size_t hea
 // + causal mask) v, where query position i sees key positions 0..i. att [batch][heads][seq][seq]
 // receives the probabilities (zero above the diagonal), which backward needs.
 void attention_forward(const float* q, const float* k, const float* v, float* att, float* out,
-                       std::size_t batch, std::size_t seq, std::size_t heads,
-                       std::size_t head_dim);
+                       std::size_t batch, std::size_t seq, std::size_t heads, std::size_t head_dim);
 // dq, dk, dv (overwritten, same shapes as q, k, v) from dout and the forward's att.
 void attention_backward(const float* dout, const float* q, const float* k, const float* v,
                         const float* att, float* dq, float* dk, float* dv, std::size_t batch,
