@@ -122,6 +122,7 @@ def test_snapshots_reshard_across_meshes(tmp_path):
     (("--n-heads", "32", "--dim", "32"), "rotary"),
     (("--dim", "0"), "--dim 0"),
     (("--seq-len", "100000"), "--seq-len 100000"),
+    (("--batch-size", "100000"), "tokens per rank and step"),
     (("--mesh", "dp=2"), "--mesh"),
     (("--text", "/nonexistent/text"), "/nonexistent/text"),
 ])

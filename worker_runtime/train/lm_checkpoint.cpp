@@ -18,7 +18,7 @@ nlohmann::json lm_sizes(const LmConfig& c) {
           {"n_heads", c.n_heads}, {"ffn", c.ffn()}, {"tied", c.tied}};
 }
 
-SnapshotHeader header_at(const LmEngine& e, const TrainOptions& o, const TrainContext& c,
+SnapshotHeader header_at(std::int64_t adam_t, const TrainOptions& o, const TrainContext& c,
                          const Position& at) {
   SnapshotHeader h;
   h.model = to_string(ModelKind::llama);
@@ -26,7 +26,7 @@ SnapshotHeader header_at(const LmEngine& e, const TrainOptions& o, const TrainCo
   h.epoch = at.epoch;
   h.step = at.step;
   h.global_step = at.global_step;
-  h.adam_t = const_cast<LmEngine&>(e).optimizer().steps();
+  h.adam_t = adam_t;
   h.seed = o.seed;
   h.lr = o.optimizer.lr;
   h.world_size = c.world;
@@ -104,7 +104,7 @@ void lm_save(LmEngine& e, const TrainOptions& o, const TrainContext& c, const Me
              const Position& at) {
   if (o.snapshot.empty()) return;
   const LmConfig& cfg = e.config();
-  const SnapshotHeader h = header_at(e, o, c, at);
+  const SnapshotHeader h = header_at(e.optimizer().steps(), o, c, at);
   const std::vector<LayerSlot> slots = lm_slots(cfg);
   const int pieces = state_pieces(e.optimizer());
   const MeshShape shape = place.shape;

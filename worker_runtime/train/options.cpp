@@ -210,6 +210,13 @@ void validate(const TrainOptions& o) {
     }
     if (o.eval_seqs > 1000000) throw ConfigError("--eval-seqs: at most 1000000");
     if (o.epoch_steps < 0) throw ConfigError("--epoch-steps must be >= 0");
+    // Activations are kept per token for backward: bound the tokens a rank holds at once.
+    constexpr std::size_t kMaxTokens = std::size_t{1} << 20;
+    if (static_cast<std::size_t>(o.batch_size) * o.lm.seq_len > kMaxTokens) {
+      throw ConfigError("--batch-size " + std::to_string(o.batch_size) + " x --seq-len " +
+                        std::to_string(o.lm.seq_len) + ": more than " + std::to_string(kMaxTokens) +
+                        " tokens per rank and step");
+    }
     validate(o.lm, 1);
   } else if (!o.mesh.empty()) {
     throw ConfigError("--mesh needs --model llama (the other models are data parallel only)");
