@@ -3,7 +3,7 @@
 # there). Usage: scripts/setup.sh [--with-torch]
 #   Debian packages: compilers, CMake/Ninja/ccache, Boost, spdlog, nlohmann-json, CLI11,
 #   Catch2 v2, clang (libFuzzer), Debian's python3-torch 1.13 + pytest (interop tests), and
-#   Slurm 22.05 + munge (the Slurm tests' local cluster).
+#   Slurm 22.05 + munge (the Slurm tests' local cluster), etcd 3.4 (the etcd-v3 backend's tests).
 #   --with-torch: also a venv with PyPI's torch 2.x + pytest, cached outside the clone at
 #   $DDP_TORCH_VENV (default ~/.cache/ddprun/torch-venv) so reruns on a machine are fast.
 set -euo pipefail
@@ -14,7 +14,8 @@ with_torch=0
 packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
           libboost-filesystem-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
           libgloo-dev libopenblas-dev zlib1g-dev libhwloc-dev dataset-fashion-mnist fortunes
-          clang libclang-rt-14-dev clang-format python3 python3-venv iproute2 util-linux elfutils)
+          clang libclang-rt-14-dev clang-format python3 python3-venv iproute2 util-linux elfutils
+          etcd-server etcd-client)
 # The tests also start a real local Slurm cluster (tests/slurm, ../shared/infra/local_slurm.sh).
 [[ $with_torch == 1 ]] && packages+=(python3-torch python3-pytest slurmctld slurmd slurm-client munge)
 # The status views' tests (issue 18): promtool and a real Prometheus, a headless Chromium.

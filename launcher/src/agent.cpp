@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -34,6 +35,7 @@
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/store_clients.hpp"
 
+#include "agent_etcd.hpp"
 #include "agent_ports.hpp"
 #include "agent_store.hpp"
 
@@ -232,24 +234,35 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   const WorkersAddr workers = is_static
                                   ? WorkersAddr{static_master_addr(config.endpoint().host), ""}
                                   : workers_addr(config.local_addr, confined);
-  RendezvousStore rs = open_rendezvous_store(config, workers.bind);
-  auto store_ptr = connect_store(rs, co, sigfd);
-  if (!store_ptr) {
-    int sig = read_signal(sigfd);
-    std::fprintf(stderr,
-                 "ddprun: received signal %d (%s) while connecting to the rendezvous "
-                 "store; stopping\n",
-                 sig, strsignal(sig));
-    return 128 + sig;
+  // The rendezvous store: a TCP store (hosted here or joined), or the etcd cluster (etcd-v3).
+  RendezvousStore rs;
+  std::unique_ptr<rdzv::StoreClient> tcp_store;
+  std::unique_ptr<InterruptibleEtcdStore> etcd_store;
+  std::optional<EtcdSettings> etcd;
+  if (config.etcd()) {
+    etcd = etcd_settings(config, co.timeout);
+    etcd_store = open_etcd_store(*etcd, "/ddprun/" + config.rdzv_id);
+  } else {
+    rs = open_rendezvous_store(config, workers.bind);
+    tcp_store = connect_store(rs, co, sigfd);
+    if (!tcp_store) {
+      int sig = read_signal(sigfd);
+      std::fprintf(stderr,
+                   "ddprun: received signal %d (%s) while connecting to the rendezvous "
+                   "store; stopping\n",
+                   sig, strsignal(sig));
+      return 128 + sig;
+    }
   }
-  rdzv::StoreClient& store = *store_ptr;
+  rdzv::Store& store =
+      etcd_store ? static_cast<rdzv::Store&>(*etcd_store) : static_cast<rdzv::Store&>(*tcp_store);
   const bool solo = config.private_store && config.max_nodes == 1;
-  if (!solo && !is_static) {
+  if (!solo && !is_static && tcp_store) {
     if (rs.server) {
       store.set("/ddprun/" + config.rdzv_id + "/host",
                 hostname() + " pid " + std::to_string(::getpid()));
     } else if (rs.port_taken) {
-      check_shared_store(store, config.rdzv_id, rs);
+      check_shared_store(*tcp_store, config.rdzv_id, rs);
     }
   }
   Rendezvous rdzv(store, ro);
@@ -276,11 +289,16 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   self.role = config.role;
   self.node_rank = is_static ? config.node_rank : -1;
   // This agent's liveness in the store; a private one-node store needs none.
-  std::unique_ptr<Liveness> liveness;
+  std::unique_ptr<AgentLiveness> liveness;
   std::string lost_will;
-  if (!solo) {
+  if (etcd) {
+    liveness =
+        std::make_unique<EtcdLiveness>(*etcd, rdzv.prefix(), keep_alive, keep_alive_attempts);
+  } else if (!solo) {
     liveness = std::make_unique<Liveness>(rs.host, rs.port, clients.liveness, keep_alive,
                                           keep_alive_attempts);
+  }
+  if (!solo) {
     RoundEvent lost;
     lost.kind = RoundEvent::Kind::lost;
     lost.host = host;
@@ -289,9 +307,18 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   }
 
   // Static and solo: the workers use the agent's store (static: on --master-port, as torchrun).
-  StoreRendezvous rounds({rdzv, store, sigfd, solo, rs.server != nullptr, rs.host, rs.port,
-                          liveness.get(), lost_will, is_static || solo, workers.master_addr,
-                          workers.bind});
+  std::function<void()> interrupt = [&] {
+    if (etcd_store) etcd_store->interrupt();
+    if (tcp_store) tcp_store->interrupt();
+  };
+  StoreRendezvous rounds({rdzv, tcp_store.get(), interrupt, sigfd, solo, rs.server != nullptr,
+                          rs.host, rs.port, liveness.get(), lost_will, is_static || solo,
+                          workers.master_addr, workers.bind});
+  // The round's event, watched on a connection of its own.
+  auto make_watcher = [&](const std::string& key) -> std::unique_ptr<EventWatcher> {
+    if (etcd) return etcd_event_watcher(*etcd, key);
+    return std::make_unique<EventWatcher>(rs.host, rs.port, key, clients.watcher);
+  };
   // torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): served here, its FIFO named to the
   // workers as torchrun does.
   const auto timer = FileTimerServer::from_env(agent_env);
@@ -317,9 +344,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                        host,
                        nproc,
                        solo,
-                       rs.host,
-                       rs.port,
-                       clients.watcher,
+                       make_watcher,
                        hang,
                        timer.get(),
                        solo ? nullptr : &store,
@@ -330,7 +355,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   lc.self = self;
   lc.run_id = config.rdzv_id;
   lc.entrypoint = config.entrypoint;
-  lc.store_where = rs.host + ":" + std::to_string(rs.port);
+  lc.store_where = etcd ? "etcd " + rdzv::etcd::endpoints_text(etcd->options.endpoints)
+                        : rs.host + ":" + std::to_string(rs.port);
   lc.nproc = nproc;
   lc.max_restarts = config.max_restarts;
   lc.max_nodes = config.max_nodes;

@@ -32,16 +32,16 @@ namespace {
 // thread watches the signalfd and interrupts the store client, leaving the signal unread.
 class SignalInterrupt {
  public:
-  SignalInterrupt(int sigfd, rdzv::StoreClient& client) {
+  SignalInterrupt(int sigfd, std::function<void()> interrupt) {
     stop_ = ::eventfd(0, EFD_CLOEXEC);
     if (stop_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
-    thread_ = std::thread([this, sigfd, &client] {
+    thread_ = std::thread([this, sigfd, interrupt = std::move(interrupt)] {
       pollfd fds[2] = {{sigfd, POLLIN, 0}, {stop_, POLLIN, 0}};
       while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
       }
       if (fds[0].revents != 0 && fds[1].revents == 0) {
         fired_ = true;
-        client.interrupt();
+        interrupt();
       }
     });
   }
@@ -63,6 +63,11 @@ class SignalInterrupt {
 
 }  // namespace
 
+bool signal_pending(int sigfd) {
+  pollfd p{sigfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && p.revents != 0;
+}
+
 int read_signal(int sigfd) {
   signalfd_siginfo si{};
   if (::read(sigfd, &si, sizeof(si)) != static_cast<ssize_t>(sizeof(si))) return 0;
@@ -76,7 +81,7 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
   // Alone on a private store (--standalone, one node), nothing can block: no watcher
   // threads, and the workers share the agent's store.
   std::optional<SignalInterrupt> on_signal;
-  if (!s_.solo) on_signal.emplace(s_.sigfd, s_.client);
+  if (!s_.solo) on_signal.emplace(s_.sigfd, s_.interrupt);
   Rendezvous& rdzv = s_.rendezvous;
   try {
     out.round = rdzv.next_round(self, hint, expect, [&](int r) {
@@ -86,7 +91,7 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
       if (s_.agent_store_serves) {
         // Every node stopped its workers before it joined this round, and none starts new
         // ones before the master is published: nothing can write while the keys go.
-        clear_worker_keys(s_.client);
+        clear_worker_keys(*s_.client);
         out.master_port = s_.store_port;
       } else {
         worker_store_ = start_server(s_.workers_bind, 0);
@@ -105,7 +110,8 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
     out.kind = Formation::spare_not_needed;
     return out;
   } catch (const IoError&) {
-    if (!on_signal || !on_signal->fired()) throw;
+    // The interrupted call may fail before the watching thread has marked the signal.
+    if (!on_signal || !(on_signal->fired() || signal_pending(s_.sigfd))) throw;
   }
   if (on_signal && on_signal->fired()) out.signal = read_signal(s_.sigfd);
   return out;
@@ -137,8 +143,7 @@ std::string LocalRound::make_attempt(int restart_count) {
 void LocalRound::open(const Round& round) {
   round_ = round;
   if (!s_.solo) {
-    watcher_ = std::make_unique<EventWatcher>(s_.store_host, s_.store_port,
-                                              s_.rendezvous.event_key(round), s_.watcher_client);
+    watcher_ = s_.make_watcher(s_.rendezvous.event_key(round));
   }
 }
 

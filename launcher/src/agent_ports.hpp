@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,18 +29,21 @@ namespace ddp::launch {
 
 // The signal a signalfd holds; 0 when none.
 int read_signal(int sigfd);
+// Whether a signal is waiting on the signalfd (left unread).
+bool signal_pending(int sigfd);
 
 class StoreRendezvous final : public RendezvousPort {
  public:
   struct Setup {
     Rendezvous& rendezvous;
-    rdzv::StoreClient& client;  // interrupted by a stop signal while a round forms
+    rdzv::StoreClient* client = nullptr;  // the TCP store's (null: etcd); clears worker keys
+    std::function<void()> interrupt;      // a stop signal while a round forms: gives up
     int sigfd = -1;
     bool solo = false;         // a private one-node store: nothing can block
     bool hosts_store = false;  // this agent hosts the rendezvous store
     std::string store_host;
     std::uint16_t store_port = 0;
-    Liveness* liveness = nullptr;  // its will points at the round being joined
+    AgentLiveness* liveness = nullptr;  // its will points at the round being joined
     std::string lost_will;
     // The workers' MASTER_ADDR (master_addr.hpp). With `agent_store_serves` (static, or solo)
     // the workers use the rendezvous store itself on store_port, as torchrun's do (static: the
@@ -82,15 +86,14 @@ class LocalRound final : public WorkerLauncher, public EventSource {
     std::string host;
     int nproc = 1;
     bool solo = false;  // no event watcher
-    std::string store_host;
-    std::uint16_t store_port = 0;
-    rdzv::ClientOptions watcher_client;  // store_clients(): the one place for timeouts
+    // The round's event watcher on a connection of its own (the backend's).
+    std::function<std::unique_ptr<EventWatcher>(const std::string& key)> make_watcher;
     // Hang and straggler detection (hang_monitor.hpp): its settings, torch's file timer (the
     // agent's, when enabled), and the rendezvous client the health bus uses from this thread
     // (null: the in-memory bus of a one-node job).
     HangSettings hang;
     FileTimerServer* timer = nullptr;
-    rdzv::StoreClient* health_store = nullptr;
+    rdzv::Store* health_store = nullptr;
     // The live status (status_reporter.hpp; null: none) and each local rank's GPU as NVML
     // numbers it (-1 or absent: none).
     StatusReporter* status = nullptr;

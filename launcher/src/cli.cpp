@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_values.hpp"
+#include "ddp/launch/etcd_conf.hpp"
 #include "ddp/launch/cli_flags.hpp"
 #include "ddp/launch/config.hpp"
 #include "ddp/launch/limits.hpp"
@@ -103,9 +104,10 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
     throw ConfigError("--nproc-per-node: need a positive integer, cpu, gpu or auto, got '" + np +
                       "'");
   }
-  if (c.rdzv_backend != "static" && c.rdzv_backend != "c10d") {
+  if (c.rdzv_backend != "static" && c.rdzv_backend != "c10d" && c.rdzv_backend != "etcd-v3" &&
+      c.rdzv_backend != "etcd" && c.rdzv_backend != "etcd-v2") {
     throw ConfigError("--rdzv-backend: '" + c.rdzv_backend +
-                      "' is not supported (static or c10d; etcd is not built in)");
+                      "' is not supported (static, c10d or etcd-v3)");
   }
   if (c.max_restarts < 0) throw ConfigError("--max-restarts: must be >= 0");
   if (!(c.monitor_interval_s > 0)) throw ConfigError("--monitor-interval: must be > 0");
@@ -158,7 +160,7 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
 // A multi-node job whose host cannot be derived stops here rather than becoming a world of
 // one on localhost. Returns whether the host was used.
 bool apply_slurm_endpoint(LaunchConfig& c, const SlurmDefaults& slurm, bool master_addr_given) {
-  if (!c.rdzv_endpoint.empty()) return false;
+  if (!c.rdzv_endpoint.empty() || c.etcd()) return false;  // etcd: its members are given
   const bool is_static = c.rdzv_backend == "static";
   if (is_static && (master_addr_given || c.max_nodes == 1)) return false;
   if (slurm.first_host.empty()) {
@@ -239,9 +241,11 @@ Endpoint resolve_endpoint(const LaunchConfig& c) {
       const bool bracketed = a.size() > 2 && a.front() == '[' && a.back() == ']';
       return {bracketed ? a.substr(1, a.size() - 2) : a, c.master_port};
     }
-    throw ConfigError("--rdzv-endpoint is required for --rdzv-backend=" + c.rdzv_backend +
-                      " (or use --standalone)");
+    throw ConfigError(
+        "--rdzv-endpoint is required for --rdzv-backend=" + c.rdzv_backend +
+        (c.etcd() ? " (the etcd members: HOST[:PORT],...)" : " (or use --standalone)"));
   }
+  if (c.etcd()) return etcd_members(c).front();
   return parse_endpoint(c.rdzv_endpoint, c.rdzv_backend == "c10d" ? 29400 : c.master_port,
                         "--rdzv-endpoint");
 }
@@ -395,7 +399,14 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       if (!slurm.active) c.rdzv_id = random_uuid4();
       c.private_store = true;
     }
+    if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
+      const std::string note = "ddprun: --rdzv-backend=" + c.rdzv_backend +
+                               " runs as etcd-v3 (etcd's v3 API; torchrun's v2 keys are not used)";
+      result.notice = result.notice.empty() ? note : note + "\n" + result.notice;
+      c.rdzv_backend = "etcd-v3";
+    }
     c.rdzv = resolve_endpoint(c);  // the one parse: a malformed endpoint fails now
+    if (c.etcd()) c.etcd_members = etcd_members(c);
     check_counts(c);
     result.config = std::move(c);
   } catch (const CLI::CallForHelp&) {

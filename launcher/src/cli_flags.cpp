@@ -21,16 +21,17 @@ constexpr FlagSpec kFlags[] = {
      "Workers per node: an integer, cpu (usable CPUs), gpu (GPUs in CUDA_VISIBLE_DEVICES) or "
      "auto (GPUs, else CPUs)."},
     {"rdzv_backend", "--rdzv-backend,--rdzv_backend", false, true, G::rendezvous, "RDZV_BACKEND",
-     "static", "Rendezvous backend: static or c10d."},
+     "static", "Rendezvous backend: static, c10d or etcd-v3 (etcd and etcd-v2 run as etcd-v3)."},
     {"rdzv_endpoint", "--rdzv-endpoint,--rdzv_endpoint", false, true, G::rendezvous,
      "RDZV_ENDPOINT", "(none)",
      "The rendezvous store as HOST[:PORT] (c10d's port: 29400). Under Slurm: the first host of "
-     "the job."},
+     "the job. etcd-v3: the etcd members, HOST[:PORT],... (port 2379)."},
     {"rdzv_id", "--rdzv-id,--rdzv_id", false, true, G::rendezvous, "RDZV_ID", "none",
      "User-defined id of the job; every node gives the same."},
     {"rdzv_conf", "--rdzv-conf,--rdzv_conf", false, true, G::rendezvous, "RDZV_CONF", "(none)",
      "More rendezvous settings: KEY=VALUE,... (join_timeout, last_call_timeout, read_timeout, "
-     "close_timeout, timeout, keep_alive_interval, keep_alive_max_attempt, is_host)."},
+     "close_timeout, timeout, keep_alive_interval, keep_alive_max_attempt, is_host; etcd-v3: "
+     "key_prefix, user, password, password_file)."},
     {"standalone", "--standalone", true, true, G::rendezvous, "", "off",
      "One node on its own: a private c10d store on a free port and a fresh run id; "
      "--rdzv-backend, --rdzv-endpoint and --rdzv-id are ignored."},
@@ -245,7 +246,7 @@ std::string completion_script(const std::string& shell) {
            "-- \"$cur\")); return;;\n"
            "    --numa-binding|--numa_binding) COMPREPLY=($(compgen -W 'node socket exclusive "
            "core-complex' -- \"$cur\")); return;;\n"
-           "    --rdzv-backend|--rdzv_backend) COMPREPLY=($(compgen -W 'static c10d' -- "
+           "    --rdzv-backend|--rdzv_backend) COMPREPLY=($(compgen -W 'static c10d etcd-v3' -- "
            "\"$cur\")); return;;\n"
            "    --print-completion|--print_completion) COMPREPLY=($(compgen -W 'bash zsh tcsh' "
            "-- \"$cur\")); return;;\n"

@@ -48,7 +48,7 @@ std::uint64_t parse_epoch(const std::string& text, const std::string& key) {
 
 class StoreHealthBus final : public HealthBus {
  public:
-  StoreHealthBus(rdzv::StoreClient& client, std::string prefix, int group_rank, int world)
+  StoreHealthBus(rdzv::Store& client, std::string prefix, int group_rank, int world)
       : client_(client), prefix_(std::move(prefix)), group_rank_(group_rank), world_(world) {
     if (world_ < 1 || group_rank_ < 0 || group_rank_ >= world_) {
       throw ConfigError("health bus: group rank " + std::to_string(group_rank_) +
@@ -129,7 +129,7 @@ class StoreHealthBus final : public HealthBus {
     return prefix_ + "/stacks/" + std::to_string(epoch) + "/" + std::to_string(g);
   }
 
-  rdzv::StoreClient& client_;
+  rdzv::Store& client_;
   std::string prefix_;
   int group_rank_;
   int world_;
@@ -172,8 +172,8 @@ class LocalHealthBus final : public HealthBus {
 
 }  // namespace
 
-std::unique_ptr<HealthBus> store_health_bus(rdzv::StoreClient& client, std::string prefix,
-                                            int group_rank, int group_world_size) {
+std::unique_ptr<HealthBus> store_health_bus(rdzv::Store& client, std::string prefix, int group_rank,
+                                            int group_world_size) {
   return std::make_unique<StoreHealthBus>(client, std::move(prefix), group_rank, group_world_size);
 }
 

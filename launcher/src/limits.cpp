@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "ddp/launch/etcd_conf.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/number.hpp"
 
@@ -128,6 +129,7 @@ void check_counts(const LaunchConfig& c) {
     check_seconds(c, key, false);
   }
   check_seconds(c, "keep_alive_interval", true);
+  if (c.etcd()) check_etcd_conf(c);
   if (auto it = c.rdzv_conf.find("keep_alive_max_attempt"); it != c.rdzv_conf.end()) {
     (void)parse_int(it->second, "--rdzv-conf keep_alive_max_attempt", 1, kMaxKeepAliveAttempts);
   }

@@ -271,19 +271,25 @@ void Rendezvous::wait_all_left(const Round& round, milliseconds timeout) {
 
 EventWatcher::EventWatcher(const std::string& host, std::uint16_t port, std::string key,
                            rdzv::ClientOptions options) {
+  auto client = std::make_unique<rdzv::StoreClient>(host, port, options);
+  rdzv::StoreClient* c = client.get();
+  store_ = std::move(client);
+  interrupt_ = [c] { c->interrupt(); };
   efd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
-  try {
-    client_ = std::make_unique<rdzv::StoreClient>(host, port, options);
-  } catch (...) {
-    ::close(efd_);
-    throw;
-  }
+  thread_ = std::thread([this, k = std::move(key)] { run(k); });
+}
+
+EventWatcher::EventWatcher(std::unique_ptr<rdzv::Store> store, std::function<void()> interrupt,
+                           std::string key)
+    : store_(std::move(store)), interrupt_(std::move(interrupt)) {
+  efd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (efd_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
   thread_ = std::thread([this, k = std::move(key)] { run(k); });
 }
 
 EventWatcher::~EventWatcher() {
-  client_->interrupt();
+  interrupt_();
   thread_.join();
   ::close(efd_);
 }
@@ -306,12 +312,12 @@ void EventWatcher::run(std::string key) {
     // bounds one request; the loop renews it.
     while (true) {
       try {
-        client_->wait({key}, std::chrono::hours(24));
+        store_->wait({key}, std::chrono::hours(24));
         break;
       } catch (const TimeoutError&) {
       }
     }
-    ev = decode_event(client_->get(key));
+    ev = decode_event(store_->get(key));
   } catch (const std::exception& e) {
     err = e.what();
   }

@@ -7,7 +7,8 @@
 - the model learns the fortune text: validation loss well below the unigram baseline;
 - snapshots record the mesh and reshard: 2x2 (full sharding) -> 1x2 -> 4x1 (gradients), each
   resumed run following the uninterrupted one-rank run within 1e-5;
-- the mesh line shows the tp groups on this host; bad sizes and meshes are refused by name.
+- the mesh line shows the tp groups on this host; bad sizes and meshes are refused by name;
+- --denormals keep (IEEE subnormals) takes the same steps as the default flush.
 Bounded: tiny models, --epoch-steps/--max-steps, timeouts on every run."""
 import json
 
@@ -88,6 +89,13 @@ def test_tied_output_layer_under_tensor_parallelism(tmp_path):
     close(base["fingerprint"], got["fingerprint"], 1e-6)
 
 
+def test_flushing_denormals_keeps_the_steps(tmp_path):
+    flush, _ = run(tmp_path, 1, "flush")  # the default
+    keep, _ = run(tmp_path, 1, "keep", "--denormals", "keep")
+    close(keep["step_losses"], flush["step_losses"], 1e-6)
+    close(keep["fingerprint"], flush["fingerprint"], 1e-6)
+
+
 def test_learns_the_text_below_the_unigram_baseline(tmp_path):
     got, p = run(tmp_path, 2, "learn", "--mesh", "tp=2", "--dim", "64", "--lr", "5e-3",
                  epochs=2, epoch_steps=60, batch=16)
@@ -125,6 +133,7 @@ def test_snapshots_reshard_across_meshes(tmp_path):
     (("--batch-size", "100000"), "tokens per rank and step"),
     (("--mesh", "dp=2"), "--mesh"),
     (("--text", "/nonexistent/text"), "/nonexistent/text"),
+    (("--denormals", "sometimes"), "--denormals must be flush or keep"),
 ])
 def test_bad_sizes_and_meshes_are_refused_by_name(tmp_path, bad, says):
     args = ["1", "0", "--max-steps", "1", "--snapshot", "", *with_opts(bad)]

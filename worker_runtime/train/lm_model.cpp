@@ -8,6 +8,8 @@
 
 #include "ddp/kernels/lm_ref.hpp"
 #include "ddp/proto/error.hpp"
+#include "lm_attention.hpp"
+#include "lm_vec.hpp"
 #include "ddp/worker/comm.hpp"
 
 namespace ddp::train {
@@ -121,7 +123,7 @@ void LmModel::block_forward(std::size_t l, const float* p, std::size_t batch) {
   gemm(false, true, rows, qdim_, d, b.a1.data(), d, tensor(p, j + 3), d, 0.0f, b.v.data());
   cpu::rope_forward(b.q.data(), rows, c_.seq_len, heads_, c_.head_dim(), c_.rope_theta);
   cpu::rope_forward(b.k.data(), rows, c_.seq_len, heads_, c_.head_dim(), c_.rope_theta);
-  cpu::attention_forward(b.q.data(), b.k.data(), b.v.data(), b.att.data(), b.o.data(), batch,
+  attention_forward_blas(b.q.data(), b.k.data(), b.v.data(), b.att.data(), b.o.data(), batch,
                          c_.seq_len, heads_, c_.head_dim());
   // Row-parallel wo: this rank's heads' share of the output, summed over the tp group.
   gemm(false, false, rows, d, qdim_, b.o.data(), qdim_, tensor(p, j + 4), d, 0.0f, dx_.data());
@@ -131,7 +133,7 @@ void LmModel::block_forward(std::size_t l, const float* p, std::size_t batch) {
                        c_.norm_eps);
   gemm(false, true, rows, ffn_, d, b.a2.data(), d, tensor(p, j + 6), d, 0.0f, b.g.data());
   gemm(false, true, rows, ffn_, d, b.a2.data(), d, tensor(p, j + 7), d, 0.0f, b.u.data());
-  cpu::swiglu_forward(b.g.data(), b.u.data(), b.s.data(), rows * ffn_);
+  swiglu_forward_vec(b.g.data(), b.u.data(), b.s.data(), rows * ffn_);
   gemm(false, false, rows, d, ffn_, b.s.data(), ffn_, tensor(p, j + 8), d, 0.0f, dx_.data());
   all_reduce(dx_.data(), rows * d);
   for (std::size_t i = 0; i < rows * d; ++i) h_[i] = b.mid[i] + dx_[i];
@@ -146,7 +148,7 @@ void LmModel::block_backward(std::size_t l, const float* p, float* g, std::size_
   // Feed-forward: h = mid + w2(silu(w1 a2) * w3 a2).
   gemm(false, true, rows, ffn_, d, dh_.data(), d, tensor(p, j + 8), d, 0.0f, dff_.data());
   gemm(true, false, ffn_, d, rows, b.s.data(), ffn_, dh_.data(), d, 1.0f, tensor(g, j + 8));
-  cpu::swiglu_backward(dff_.data(), b.g.data(), b.u.data(), dff_.data(), dff2_.data(), rows * ffn_);
+  swiglu_backward_vec(dff_.data(), b.g.data(), b.u.data(), dff_.data(), dff2_.data(), rows * ffn_);
   gemm(true, false, ffn_, d, rows, dff_.data(), ffn_, b.a2.data(), d, 1.0f, tensor(g, j + 6));
   gemm(true, false, ffn_, d, rows, dff2_.data(), ffn_, b.a2.data(), d, 1.0f, tensor(g, j + 7));
   gemm(false, false, rows, d, ffn_, dff_.data(), ffn_, tensor(p, j + 6), d, 0.0f, dx_.data());
@@ -160,7 +162,7 @@ void LmModel::block_backward(std::size_t l, const float* p, float* g, std::size_
   gemm(false, true, rows, qdim_, d, dh_.data(), d, tensor(p, j + 4), d, 0.0f, dq_.data());
   gemm(true, false, qdim_, d, rows, b.o.data(), qdim_, dh_.data(), d, 1.0f, tensor(g, j + 4));
   std::swap(dq_, do_);  // do_: the gradient of attention's output
-  cpu::attention_backward(do_.data(), b.q.data(), b.k.data(), b.v.data(), b.att.data(), dq_.data(),
+  attention_backward_blas(do_.data(), b.q.data(), b.k.data(), b.v.data(), b.att.data(), dq_.data(),
                           dk_.data(), dv_.data(), batch, c_.seq_len, heads_, c_.head_dim());
   cpu::rope_backward(dq_.data(), rows, c_.seq_len, heads_, c_.head_dim(), c_.rope_theta);
   cpu::rope_backward(dk_.data(), rows, c_.seq_len, heads_, c_.head_dim(), c_.rope_theta);

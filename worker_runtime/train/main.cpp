@@ -4,10 +4,14 @@
 // reports errors in torchrun's error-file format.
 #include <cblas.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -69,6 +73,18 @@ int default_threads(const std::map<std::string, std::string>& env) {
   } catch (const ddp::ConfigError&) {
     return 1;  // unset or not a count: one thread per rank, as torchrun's default
   }
+}
+
+// Subnormal floats as zero on this thread and the threads it starts: FTZ (results) and DAZ
+// (inputs) in MXCSR on x86-64, FZ in FPCR on AArch64; elsewhere nothing changes.
+void flush_denormals() {
+#if defined(__x86_64__)
+  _mm_setcsr(_mm_getcsr() | 0x8040u);  // bit 15 FTZ, bit 6 DAZ
+#elif defined(__aarch64__)
+  std::uint64_t fpcr = 0;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  asm volatile("msr fpcr, %0" : : "r"(fpcr | (std::uint64_t{1} << 24)));
+#endif
 }
 
 // OpenBLAS built with DYNAMIC_ARCH picks its kernels from the CPU model at load time; a release
@@ -163,6 +179,10 @@ int main(int argc, char** argv) {
                  "FULL_SHARD)")
       ->capture_default_str();
   bool no_prefetch = false;
+  std::string denormals = "flush";
+  app.add_option("--denormals", denormals,
+                 "cpu: flush | keep (flush: subnormal floats are computed as zero, FTZ/DAZ)")
+      ->capture_default_str();
   app.add_flag("--no-prefetch", no_prefetch,
                "full sharding: gather each layer only when it runs (no overlap)");
   // --model llama (issue 20; docs/ddp_train.md "The language model").
@@ -195,6 +215,9 @@ int main(int argc, char** argv) {
     shm_allreduce = knobs::flag01("DDP_SHM_ALLREDUCE", &env);  // checked before any peer
     progress_fd = knobs::text("DDPRUN_PROGRESS_FD", &env);
     if (threads < 1) throw ConfigError("--threads must be >= 1");
+    if (denormals != "flush" && denormals != "keep") {
+      throw ConfigError("--denormals must be flush or keep, not '" + denormals + "'");
+    }
     train::apply_choices(
         words, [] { return kernels::cuda_built() && kernels::cuda_device_count() > 0; }, o);
     train::validate(o);
@@ -213,6 +236,9 @@ int main(int argc, char** argv) {
   } else {
     openblas_set_num_threads(threads);
   }
+  // Before any thread starts (threads inherit the mode): subnormals cost ~100 cycles an op on x86
+  // and the LM's Adam moments and attention tails run into them (docs/decisions.md).
+  if (denormals == "flush") flush_denormals();
   install_signals();
   // Progress is a side channel: a bad DDPRUN_PROGRESS_FD is told once and training goes on.
   std::string why;

@@ -299,8 +299,8 @@ TEST_CASE("rendezvous endpoints: default ports, IPv6, errors", "[unit][launch]")
   CHECK_THAT(bad({"--rdzv-backend=c10d", "x"}), Catch::Contains("--rdzv-endpoint is required"));
   CHECK_THAT(bad({"--rdzv-backend=c10d", "--rdzv-endpoint=h:x", "x"}),
              Catch::Contains("the port is not a number"));
-  CHECK_THAT(bad({"--rdzv-backend=etcd", "--rdzv-endpoint=h", "x"}),
-             Catch::Contains("--rdzv-backend"));
+  CHECK_THAT(bad({"--rdzv-backend=zookeeper", "--rdzv-endpoint=h", "x"}),
+             Catch::Contains("--rdzv-backend: 'zookeeper' is not supported"));
 }
 
 TEST_CASE("bad input gets exit code 2 and names what was wrong", "[unit][launch]") {

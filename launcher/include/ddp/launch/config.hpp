@@ -93,8 +93,11 @@ struct LaunchConfig {
 
   // The rendezvous endpoint, parsed once by parse_launch_args with torchrun's defaults filled
   // in: port 29400 for c10d; for static with no endpoint, --master-addr:--master-port.
+  // etcd-v3: every etcd member of --rdzv-endpoint (HOST[:PORT],..., port 2379), rdzv the first.
   Endpoint rdzv;
+  std::vector<Endpoint> etcd_members;
   const Endpoint& endpoint() const { return rdzv; }
+  bool etcd() const { return rdzv_backend == "etcd-v3"; }
 };
 
 // The outcome of parsing: a config, or a message for the user and the exit code to use

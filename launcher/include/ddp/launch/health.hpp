@@ -14,10 +14,7 @@
 #include <vector>
 
 #include "ddp/launch/hang_policy.hpp"
-
-namespace ddp::rdzv {
-class StoreClient;
-}
+#include "ddp/rdzv/store.hpp"
 
 namespace ddp::launch {
 
@@ -40,8 +37,8 @@ class HealthBus {
 };
 
 // Over the rendezvous store, under `prefix` (the run's and round's key space).
-std::unique_ptr<HealthBus> store_health_bus(rdzv::StoreClient& client, std::string prefix,
-                                            int group_rank, int group_world_size);
+std::unique_ptr<HealthBus> store_health_bus(rdzv::Store& client, std::string prefix, int group_rank,
+                                            int group_world_size);
 // One node: nothing leaves the process.
 std::unique_ptr<HealthBus> local_health_bus();
 

@@ -18,16 +18,25 @@
 
 namespace ddp::launch {
 
-class Liveness {
+// An agent's liveness as the rounds see it, whatever the backend: from set_will on, losing this
+// agent sets `key` to `value` if it is absent. Destroying it is a clean exit (no will).
+class AgentLiveness {
+ public:
+  virtual ~AgentLiveness() = default;
+  virtual void set_will(const std::string& key, const std::string& value) = 0;
+};
+
+// The TCP store's: a lease on the store (rdzv::StoreClient's lease commands).
+class Liveness final : public AgentLiveness {
  public:
   Liveness(const std::string& host, std::uint16_t port, rdzv::ClientOptions options,
            std::chrono::milliseconds interval, int max_attempts);
-  ~Liveness();  // revokes the lease: a clean exit fires no will
+  ~Liveness() override;  // revokes the lease: a clean exit fires no will
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;
 
   // From now on, losing this agent sets `key` to `value` if it is absent.
-  void set_will(const std::string& key, const std::string& value);
+  void set_will(const std::string& key, const std::string& value) override;
   // How many times the lease had expired when the heartbeat came back (the agent was stopped
   // or cut off for longer than the TTL); the lease is then granted anew.
   int expirations() const { return expirations_.load(); }

@@ -100,6 +100,9 @@ class EventWatcher {
  public:
   EventWatcher(const std::string& host, std::uint16_t port, std::string key,
                rdzv::ClientOptions options = {});
+  // Over any Store whose blocking calls `interrupt` ends (etcd: a watch stream).
+  EventWatcher(std::unique_ptr<rdzv::Store> store, std::function<void()> interrupt,
+               std::string key);
   ~EventWatcher();  // interrupts the WAIT and joins
   EventWatcher(const EventWatcher&) = delete;
   EventWatcher& operator=(const EventWatcher&) = delete;
@@ -112,7 +115,8 @@ class EventWatcher {
  private:
   void run(std::string key);
 
-  std::unique_ptr<rdzv::StoreClient> client_;
+  std::unique_ptr<rdzv::Store> store_;
+  std::function<void()> interrupt_;
   int efd_ = -1;
   mutable std::mutex mu_;
   std::optional<RoundEvent> event_;

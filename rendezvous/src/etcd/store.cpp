@@ -1,0 +1,248 @@
+// EtcdStore (etcd/store.hpp): the Store operations as etcd requests.
+#include "ddp/rdzv/etcd/store.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "ddp/proto/error.hpp"
+#include "ddp/rdzv/etcd/api.hpp"
+
+namespace ddp::rdzv::etcd {
+
+namespace {
+
+constexpr std::string_view kCounter =
+    "/\x01"
+    "add/";  // a counter's entries: <key>/\x01add/<id>
+constexpr int kMaxAppendTries = 1000;
+
+std::int64_t parse_delta(const std::string& text, const std::string& key) {
+  try {
+    std::size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  DDP_THROW(ProtocolError, "etcd counter entry " + key + " holds '" + text + "', not a number");
+}
+
+// Between a broken watch and the next: a pause that never passes the deadline.
+void retry_pause(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  std::this_thread::sleep_for(
+      std::clamp(left, std::chrono::milliseconds(0), std::chrono::milliseconds(100)));
+}
+
+bool is_counter_entry(std::string_view key) { return key.find(kCounter) != std::string_view::npos; }
+
+}  // namespace
+
+EtcdStore::EtcdStore(EtcdOptions options, std::string prefix,
+                     std::chrono::milliseconds wait_timeout)
+    : http_(std::move(options)), prefix_(std::move(prefix)), wait_timeout_(wait_timeout) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::random_device rd;
+  const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r));
+  id_ = std::string(host) + "-" + std::to_string(::getpid()) + "-" + hex;
+}
+
+EtcdStore::~EtcdStore() = default;
+
+std::string EtcdStore::unique() { return id_ + "-" + std::to_string(seq_++); }
+
+EtcdStore::Snapshot EtcdStore::read(const std::vector<std::string>& keys) {
+  std::vector<Op> ops;
+  ops.reserve(keys.size());
+  for (const auto& k : keys) ops.push_back(Op::range(full(k)));
+  const TxnResult t = parse_txn(http_.post("kv/txn", txn_body({}, ops, {})));
+  if (t.ranges.size() != keys.size()) {
+    DDP_THROW(ProtocolError, "etcd txn of " + std::to_string(keys.size()) + " ranges answered " +
+                                 std::to_string(t.ranges.size()));
+  }
+  Snapshot s;
+  s.revision = t.header.revision;
+  for (const auto& r : t.ranges) {
+    s.present.push_back(!r.kvs.empty());
+    s.values.push_back(r.kvs.empty() ? std::string() : r.kvs.front().value);
+  }
+  return s;
+}
+
+void EtcdStore::set(std::string_view key, std::string_view value) {
+  http_.post("kv/put", put_body(Op::put(full(key), std::string(value))));
+}
+
+std::string EtcdStore::get(std::string_view key) {
+  const std::vector<std::string> keys{std::string(key)};
+  for (;;) {
+    Snapshot s = read(keys);
+    if (s.present[0]) return s.values[0];
+    wait(keys, wait_timeout_);
+  }
+}
+
+std::int64_t EtcdStore::add(std::string_view key, std::int64_t delta) {
+  const std::string entries = full(key) + std::string(kCounter);
+  Op range = Op::range(entries, prefix_end(entries));
+  if (delta != 0) {
+    const WriteResult w = parse_write(
+        http_.post("kv/put", put_body(Op::put(entries + unique(), std::to_string(delta)))));
+    range.revision = w.header.revision;  // the sum as of this add: exactly the entries before it
+  }
+  const RangeResult r = parse_range(http_.post("kv/range", range_body(range)));
+  std::int64_t sum = 0;
+  for (const auto& kv : r.kvs) {
+    if (__builtin_add_overflow(sum, parse_delta(kv.value, kv.key), &sum)) {
+      DDP_THROW(ProtocolError, "etcd counter " + std::string(key) + " overflows int64");
+    }
+  }
+  return sum;
+}
+
+std::string EtcdStore::compare_set(std::string_view key, std::string_view expected,
+                                   std::string_view desired) {
+  Compare c;
+  c.key = full(key);
+  if (expected.empty()) {
+    c.target = Compare::Target::create;  // absent
+    c.number = 0;
+  } else {
+    c.target = Compare::Target::value;
+    c.value = std::string(expected);
+  }
+  const TxnResult t = parse_txn(http_.post(
+      "kv/txn", txn_body({c}, {Op::put(full(key), std::string(desired))}, {Op::range(full(key))})));
+  if (t.succeeded) return std::string(desired);
+  if (t.ranges.empty() || t.ranges.front().kvs.empty()) return std::string(expected);
+  return t.ranges.front().kvs.front().value;
+}
+
+bool EtcdStore::check(const std::vector<std::string>& keys) {
+  if (keys.empty()) return true;
+  const Snapshot s = read(keys);
+  return std::all_of(s.present.begin(), s.present.end(), [](bool p) { return p; });
+}
+
+void EtcdStore::wait(const std::vector<std::string>& keys) { wait(keys, wait_timeout_); }
+
+void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  if (keys.empty()) return;
+  const auto deadline = Clock::now() + timeout;
+  auto timed_out = [&](const std::set<std::string>& missing) {
+    std::vector<std::string> named;
+    for (const auto& k : keys) {
+      if (missing.count(full(k)) != 0) named.push_back(k);
+    }
+    DDP_THROW(TimeoutError, "etcd: timed out after " + std::to_string(timeout.count()) +
+                                " ms waiting for keys: " + join_keys(named));
+  };
+  for (;;) {
+    const Snapshot s = read(keys);
+    std::set<std::string> missing;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (!s.present[i]) missing.insert(full(keys[i]));
+    }
+    if (missing.empty()) return;
+    // One watch over [first missing, last missing] from the revision after the read: no put
+    // between the read and the watch can be missed. A stream that breaks (its member died or
+    // lost the leader) is read again and watched anew on the next member, until the deadline.
+    const std::string lo = *missing.begin();
+    const std::string hi = *missing.rbegin() + std::string(1, '\0');
+    try {
+      EtcdStream stream(http_, "watch", watch_body(lo, hi, s.revision + 1, false));
+      for (;;) {
+        auto line = stream.next_line(deadline);
+        if (!line) timed_out(missing);
+        const WatchMessage m = parse_watch_message(*line);
+        if (m.canceled) {
+          if (m.compact_revision == 0) {
+            DDP_THROW(IoError, "etcd canceled a watch: " + m.cancel_reason);
+          }
+          break;  // history gone: read again and watch from now
+        }
+        for (const auto& e : m.events) {
+          if (!e.deleted) missing.erase(e.kv.key);
+        }
+        if (missing.empty()) return;
+      }
+    } catch (const IoError&) {
+      if (http_.cancelled() || Clock::now() >= deadline) throw;
+      retry_pause(deadline);
+    }
+    if (Clock::now() >= deadline) timed_out(missing);
+  }
+}
+
+bool EtcdStore::delete_key(std::string_view key) {
+  const std::string k = full(key), entries = k + std::string(kCounter);
+  const TxnResult t = parse_txn(
+      http_.post("kv/txn", txn_body({}, {Op::del(k), Op::del(entries, prefix_end(entries))}, {})));
+  return std::any_of(t.writes.begin(), t.writes.end(),
+                     [](const WriteResult& w) { return w.deleted > 0; });
+}
+
+std::int64_t EtcdStore::num_keys() { return static_cast<std::int64_t>(list_keys().size()); }
+
+void EtcdStore::append(std::string_view key, std::string_view value) {
+  const std::string k = full(key);
+  for (int i = 0; i < kMaxAppendTries; ++i) {
+    const RangeResult r = parse_range(http_.post("kv/range", range_body(Op::range(k))));
+    Compare c;
+    c.key = k;
+    std::string now;
+    if (r.kvs.empty()) {
+      c.target = Compare::Target::create;
+    } else {
+      c.target = Compare::Target::mod;
+      c.number = r.kvs.front().mod_revision;
+      now = r.kvs.front().value;
+    }
+    const TxnResult t =
+        parse_txn(http_.post("kv/txn", txn_body({c}, {Op::put(k, now + std::string(value))}, {})));
+    if (t.succeeded) return;
+  }
+  DDP_THROW(IoError, "etcd: append to " + std::string(key) + " lost " +
+                         std::to_string(kMaxAppendTries) + " races in a row");
+}
+
+std::vector<std::string> EtcdStore::multi_get(const std::vector<std::string>& keys) {
+  for (;;) {
+    const Snapshot s = read(keys);
+    if (std::all_of(s.present.begin(), s.present.end(), [](bool p) { return p; })) return s.values;
+    wait(keys, wait_timeout_);
+  }
+}
+
+void EtcdStore::multi_set(const std::vector<std::string>& keys,
+                          const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    throw ConfigError("multi_set: " + std::to_string(keys.size()) + " keys but " +
+                      std::to_string(values.size()) + " values");
+  }
+  std::map<std::string, std::string> last;  // etcd refuses a key twice in one txn: last wins
+  for (std::size_t i = 0; i < keys.size(); ++i) last[full(keys[i])] = values[i];
+  std::vector<Op> puts;
+  for (auto& [k, v] : last) puts.push_back(Op::put(k, v));
+  if (!puts.empty()) http_.post("kv/txn", txn_body({}, puts, {}));
+}
+
+std::vector<std::string> EtcdStore::list_keys() {
+  Op r = Op::range(prefix_.empty() ? std::string(1, '\0') : prefix_, prefix_end(prefix_));
+  r.keys_only = true;
+  const RangeResult rr = parse_range(http_.post("kv/range", range_body(r)));
+  std::vector<std::string> out;
+  for (const auto& kv : rr.kvs) {
+    if (!is_counter_entry(kv.key)) out.push_back(kv.key.substr(prefix_.size()));
+  }
+  return out;
+}
+
+}  // namespace ddp::rdzv::etcd
