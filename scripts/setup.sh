@@ -54,5 +54,7 @@ if [[ $with_torch == 1 ]]; then
   # selenium (the live page in Chromium) and jsonschema (ddprun status --json), issue 18.
   "$venv/bin/python" -c "import selenium, jsonschema" 2>/dev/null || "$venv/bin/pip" install -q \
     selenium jsonschema
+  # python-etcd: torchrun's etcd-v2 rendezvous, the anchor of bench/etcd_rdzv_bench.py (issue 21).
+  "$venv/bin/python" -c "import etcd" 2>/dev/null || "$venv/bin/pip" install -q python-etcd
   "$venv/bin/python" -c "import torch; print('setup: torch', torch.__version__, 'in $venv')"
 fi

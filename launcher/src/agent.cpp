@@ -35,7 +35,7 @@
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/store_clients.hpp"
 
-#include "agent_etcd.hpp"
+#include "ddp/launch/agent_etcd.hpp"
 #include "agent_ports.hpp"
 #include "agent_store.hpp"
 

@@ -1,6 +1,6 @@
 // The agent's etcd-v3 parts (agent_etcd.hpp): an interruptible Store, the lease liveness with
 // its will, and the round-event watcher.
-#include "agent_etcd.hpp"
+#include "ddp/launch/agent_etcd.hpp"
 
 #include <sys/eventfd.h>
 #include <unistd.h>

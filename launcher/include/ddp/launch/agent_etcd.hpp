@@ -7,7 +7,7 @@
 //   still held a will is carried out (create-if-absent) by whichever agent sees it first. A
 //   clean exit blanks the will before revoking the lease;
 // - etcd_event_watcher: the round's event watched with an etcd watch (no polling).
-// Private to the launcher.
+// Public for bench/etcd_rdzv_bench.cpp.
 #pragma once
 
 #include <atomic>
