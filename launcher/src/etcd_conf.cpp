@@ -54,7 +54,7 @@ void check_etcd_conf(const LaunchConfig& c) {
                       ": ddprun's etcd client speaks plain http only (TLS is not built in; see "
                       "docs/rendezvous.md)");
   }
-  for (const char* key : {"cacert", "cert", "key"}) {
+  for (const char* key : {"cacert", "cert", "key", "ca_cert", "ssl_cert", "ssl_cert_key"}) {
     if (conf(c, key)) {
       throw ConfigError(std::string("--rdzv-conf ") + key +
                         ": TLS is not built in to ddprun's etcd client (plain http only; see "

@@ -151,25 +151,33 @@ void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
       if (!s.present[i]) missing.insert(full(keys[i]));
     }
     if (missing.empty()) return;
-    // One watch over [first missing, last missing] from the revision after the read: no put
-    // between the read and the watch can be missed. A stream that breaks (its member died or
-    // lost the leader) is read again and watched anew on the next member, until the deadline.
+    // One watch over [first missing, last missing] from now, then a second read once etcd has
+    // created it: a put before the watch is in that read, a put after it comes on the watch.
+    // (A watch that starts at a past revision is "unsynced" in etcd and gets its events only
+    // at the next 100 ms resync, which put up to 100 ms on every round.) A stream that breaks
+    // (its member died or lost the leader) is read again and watched anew on the next member,
+    // until the deadline.
     const std::string lo = *missing.begin();
     const std::string hi = *missing.rbegin() + std::string(1, '\0');
     try {
-      EtcdStream stream(http_, "watch", watch_body(lo, hi, s.revision + 1, false));
+      EtcdStream stream(http_, "watch", watch_body(lo, hi, 0, false));
+      bool reread = false;
       for (;;) {
         auto line = stream.next_line(deadline);
         if (!line) timed_out(missing);
         const WatchMessage m = parse_watch_message(*line);
         if (m.canceled) {
-          if (m.compact_revision == 0) {
-            DDP_THROW(IoError, "etcd canceled a watch: " + m.cancel_reason);
-          }
-          break;  // history gone: read again and watch from now
+          DDP_THROW(IoError, "etcd canceled a watch: " + m.cancel_reason);
         }
         for (const auto& e : m.events) {
           if (!e.deleted) missing.erase(e.kv.key);
+        }
+        if (m.created && !reread) {
+          reread = true;
+          const Snapshot again = read(keys);
+          for (std::size_t i = 0; i < keys.size(); ++i) {
+            if (again.present[i]) missing.erase(full(keys[i]));
+          }
         }
         if (missing.empty()) return;
       }

@@ -80,6 +80,7 @@ TEST_CASE("etcd-v3's bad endpoints and conf are named", "[unit][launch][etcd]") 
   CHECK_THAT(conf("cacert=/ca.pem"), Catch::Contains("cacert"));
   CHECK_THAT(conf("cert=/c.pem"), Catch::Contains("cert: TLS"));
   CHECK_THAT(conf("key=/k.pem"), Catch::Contains("key: TLS"));
+  CHECK_THAT(conf("ssl_cert=/c.pem"), Catch::Contains("ssl_cert: TLS"));  // etcd-v2 spellings
   CHECK_THAT(conf("key_prefix=" + std::string(300, 'p')), Catch::Contains("over 256"));
   CHECK_THAT(conf("key_prefix=/a,etcd_prefix=/b"), Catch::Contains("not both"));
   CHECK_THAT(conf("password=x"), Catch::Contains("password without user"));

@@ -19,7 +19,8 @@ inline constexpr std::size_t kMaxEtcdPassword = 4096;  // password_file's first 
 // --rdzv-endpoint as etcd members (port 2379 when none is given); ConfigError naming the bad one.
 std::vector<Endpoint> etcd_members(const LaunchConfig& c);
 
-// Refuses what the backend cannot do, by name: TLS (protocol=https, cacert, cert, key), a key
+// Refuses what the backend cannot do, by name: TLS (protocol=https, cacert, cert, key; etcd-v2:
+// ca_cert, ssl_cert, ssl_cert_key), a key
 // prefix that is too long or has a NUL, a password without a user, both password and
 // password_file. Called with the other bounds (check_counts) for an etcd-v3 config.
 void check_etcd_conf(const LaunchConfig& c);
