@@ -79,6 +79,23 @@ TEST_CASE("etcd store: the Store contract on a real etcd", "[integration][etcd]"
   CHECK_FALSE(other->check({"c"}));
 }
 
+TEST_CASE("etcd store: more keys than etcd takes in one txn", "[integration][etcd]") {
+  NEEDS_ETCD();
+  EtcdCluster etcd;
+  auto s = store(etcd);
+  // etcd refuses a txn of more than 128 operations (--max-txn-ops): 300 keys go in chunks,
+  // read back as one snapshot.
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 300; ++i) {
+    keys.push_back("many/" + std::to_string(i));
+    values.push_back("v" + std::to_string(i));
+  }
+  s->multi_set(keys, values);
+  CHECK(s->multi_get(keys) == values);
+  CHECK(s->check(keys));
+  s->wait(keys, 5s);
+}
+
 TEST_CASE("etcd store: concurrent adds are exact with two requests each", "[integration][etcd]") {
   NEEDS_ETCD();
   EtcdCluster etcd;

@@ -45,7 +45,9 @@ def post(endpoint, path, body, timeout=2.0):
 
 
 class EtcdCluster:
-    def __init__(self, members=1, v2=False):
+    def __init__(self, members=1, v2=False, extra_hosts=()):
+        """extra_hosts: addresses to listen on besides 127.0.0.1 (the Slurm test cluster's
+        bridge, so that jobs in its network namespaces reach etcd); endpoints stay loopback."""
         if not os.access(ETCD, os.X_OK):
             pytest.skip(f"etcd is not installed ({ETCD}); scripts/setup.sh installs etcd-server")
         self.dir = tempfile.mkdtemp(prefix="ddp-etcd-", dir="/dev/shm")
@@ -58,10 +60,12 @@ class EtcdCluster:
         self.procs = []
         for i, name in enumerate(names):
             client = f"http://127.0.0.1:{self.client_ports[i]}"
+            listen = ",".join([client] + [f"http://{h}:{self.client_ports[i]}"
+                                          for h in extra_hosts])
             peer = f"http://127.0.0.1:{self.peer_ports[i]}"
             log = open(os.path.join(self.dir, f"{name}.log"), "w")
             args = [ETCD, "--name", name, "--data-dir", os.path.join(self.dir, name),
-                    "--listen-client-urls", client, "--advertise-client-urls", client,
+                    "--listen-client-urls", listen, "--advertise-client-urls", client,
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                     "--initial-cluster", initial, "--initial-cluster-state", "new",
                     "--initial-cluster-token", f"ddp-test-{os.getpid()}-{self.client_ports[0]}",

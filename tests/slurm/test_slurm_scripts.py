@@ -268,3 +268,41 @@ def test_fsdp_tp_script_keeps_each_tp_group_on_one_node(cluster, tmp_path):
     assert math.isfinite(m["val_loss"]), m
     index = read_shard_index(snap)
     assert index["world_size"] == 4 and len(index["files"]) == 4, index
+
+
+def test_the_etcd_recipe_trains_on_two_nodes(cluster, tmp_path):
+    """slurm/ddp-train-multinode-etcd.sbatch: both nodes rendezvous through a real etcd (one
+    member, listening on loopback and on the test cluster's bridge, which the nodes' network
+    namespaces reach) with --rdzv-backend=etcd-v3, and train with world size 4."""
+    import subprocess
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests", "interop"))
+    from etcd_cluster import EtcdCluster
+    bridge = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "ddpslbr0"],
+                            capture_output=True, text=True).stdout.split()
+    if "inet" not in bridge:
+        pytest.fail("the test cluster's bridge ddpslbr0 has no address: " + " ".join(bridge))
+    host = bridge[bridge.index("inet") + 1].split("/")[0]
+    etcd = EtcdCluster(1, extra_hosts=[host])
+    try:
+        snap = str(tmp_path / "snap")
+        port = etcd.client_ports[0]
+        jid = cluster.sbatch(os.path.join(ROOT, "slurm", "ddp-train-multinode-etcd.sbatch"),
+                             "--train-subset", "1024", "--batch-size", "64", "--no-eval",
+                             env={"SNAPSHOT": snap, "EPOCHS": "1",
+                                  "ETCD_ENDPOINTS": f"{host}:{port}"})
+        state, code, log = cluster.wait(jid)
+        assert (state, code) == ("COMPLETED", "0:0"), log + etcd.logs()
+        assert re.search(r"world size 4, batch 64 per rank", log), log
+        assert os.path.exists(snap)
+        # The rounds' keys are in etcd, under the job's run id.
+        import base64
+        from etcd_cluster import post
+        prefix = f"/ddprun/{jid}-0/"
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        got = post(etcd.endpoints[0], "kv/range",
+                   {"key": base64.b64encode(prefix.encode()).decode(),
+                    "range_end": base64.b64encode(end.encode()).decode(), "count_only": True})
+        assert int(got.get("count", 0)) > 0, got
+    finally:
+        etcd.stop()

@@ -20,6 +20,7 @@ constexpr std::string_view kCounter =
     "/\x01"
     "add/";  // a counter's entries: <key>/\x01add/<id>
 constexpr int kMaxAppendTries = 1000;
+constexpr std::size_t kMaxTxnOps = 128;  // etcd's default --max-txn-ops
 
 std::int64_t parse_delta(const std::string& text, const std::string& key) {
   try {
@@ -59,19 +60,28 @@ EtcdStore::~EtcdStore() = default;
 std::string EtcdStore::unique() { return id_ + "-" + std::to_string(seq_++); }
 
 EtcdStore::Snapshot EtcdStore::read(const std::vector<std::string>& keys) {
-  std::vector<Op> ops;
-  ops.reserve(keys.size());
-  for (const auto& k : keys) ops.push_back(Op::range(full(k)));
-  const TxnResult t = parse_txn(http_.post("kv/txn", txn_body({}, ops, {})));
-  if (t.ranges.size() != keys.size()) {
-    DDP_THROW(ProtocolError, "etcd txn of " + std::to_string(keys.size()) + " ranges answered " +
-                                 std::to_string(t.ranges.size()));
-  }
+  // At most kMaxTxnOps ranges a txn (etcd's --max-txn-ops); the chunks after the first read at
+  // the first one's revision, so the whole is one snapshot.
   Snapshot s;
-  s.revision = t.header.revision;
-  for (const auto& r : t.ranges) {
-    s.present.push_back(!r.kvs.empty());
-    s.values.push_back(r.kvs.empty() ? std::string() : r.kvs.front().value);
+  for (std::size_t at = 0; at < keys.size() || at == 0; at += kMaxTxnOps) {
+    const std::size_t end = std::min(keys.size(), at + kMaxTxnOps);
+    std::vector<Op> ops;
+    ops.reserve(end - at);
+    for (std::size_t i = at; i < end; ++i) {
+      ops.push_back(Op::range(full(keys[i])));
+      ops.back().revision = s.revision;  // 0 for the first chunk: the latest
+    }
+    const TxnResult t = parse_txn(http_.post("kv/txn", txn_body({}, ops, {})));
+    if (t.ranges.size() != ops.size()) {
+      DDP_THROW(ProtocolError, "etcd txn of " + std::to_string(ops.size()) + " ranges answered " +
+                                   std::to_string(t.ranges.size()));
+    }
+    if (at == 0) s.revision = t.header.revision;
+    for (const auto& r : t.ranges) {
+      s.present.push_back(!r.kvs.empty());
+      s.values.push_back(r.kvs.empty() ? std::string() : r.kvs.front().value);
+    }
+    if (keys.empty()) break;
   }
   return s;
 }
@@ -239,7 +249,13 @@ void EtcdStore::multi_set(const std::vector<std::string>& keys,
   for (std::size_t i = 0; i < keys.size(); ++i) last[full(keys[i])] = values[i];
   std::vector<Op> puts;
   for (auto& [k, v] : last) puts.push_back(Op::put(k, v));
-  if (!puts.empty()) http_.post("kv/txn", txn_body({}, puts, {}));
+  for (std::size_t at = 0; at < puts.size(); at += kMaxTxnOps) {  // etcd's --max-txn-ops
+    const auto end =
+        puts.begin() + static_cast<std::ptrdiff_t>(std::min(puts.size(), at + kMaxTxnOps));
+    http_.post(
+        "kv/txn",
+        txn_body({}, std::vector<Op>(puts.begin() + static_cast<std::ptrdiff_t>(at), end), {}));
+  }
 }
 
 std::vector<std::string> EtcdStore::list_keys() {
