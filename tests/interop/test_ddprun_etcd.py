@@ -7,7 +7,6 @@ lease expires and the others re-form), and a cluster that does not answer at sta
 
 Workers are /bin/sh scripts writing one record per start, running until $OUT/stop exists, or
 ddp-train. Every wait is bounded; the fixtures kill whatever a test started, by PID."""
-import glob
 import os
 import re
 import signal
@@ -18,6 +17,7 @@ import pytest
 
 from ddprun_multinode_helpers import BIN, launcher, wait_for  # noqa: F401
 from etcd_cluster import EtcdCluster, etcd1, etcd3  # noqa: F401
+from test_ddprun_elastic import records  # the same worker records
 
 WORKER = """
 rec="$OUT/rec.$(date +%s%N).$$"
@@ -33,16 +33,6 @@ while [ ! -f "$OUT/stop" ]; do sleep 0.05; done
 FAST = "join_timeout=40,last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=4"
 LEASE_S = 2.0
 MARGIN_S = 10.0  # docs/rendezvous.md: a lost agent is noticed within its lease plus this
-
-
-def records(out):
-    recs = []
-    for path in sorted(glob.glob(os.path.join(out, "rec.*"))):
-        if path.endswith(".tmp"):
-            continue
-        with open(path) as f:
-            recs.append(dict(kv.split("=", 1) for kv in f.read().split()))
-    return recs
 
 
 class Job:
