@@ -29,6 +29,7 @@
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/launch/status_reporter.hpp"
 #include "ddp/launch/worker_output.hpp"
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 #include "ddp/proto/number.hpp"
@@ -205,9 +206,12 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   if (keep_alive.count() <= 0) {
     throw ConfigError("--rdzv-conf keep_alive_interval must be > 0");
   }
+  // The job's secret (docs/security.md): the stores this agent hosts demand it of peers outside
+  // their trusted networks, and every connection of the agent answers a store's challenge.
+  StoreAccess access{proto::auth::job_secret().value_or(""), config.store_allow};
   const StoreClients clients = store_clients(
       seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout"),
-      ro.join_timeout, keep_alive * keep_alive_attempts);
+      ro.join_timeout, keep_alive * keep_alive_attempts, access.secret);
   const rdzv::ClientOptions& co = clients.rendezvous;
   const std::string prefix_template =
       config.log_line_prefix_template ? *config.log_line_prefix_template : kDefaultPrefixTemplate;
@@ -243,7 +247,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     etcd = etcd_settings(config, co.timeout);
     etcd_store = open_etcd_store(*etcd, "/ddprun/" + config.rdzv_id);
   } else {
-    rs = open_rendezvous_store(config, workers.bind);
+    rs = open_rendezvous_store(config, workers.bind, access);
     tcp_store = connect_store(rs, co, sigfd);
     if (!tcp_store) {
       int sig = read_signal(sigfd);
@@ -288,6 +292,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   self.nproc = nproc;
   self.role = config.role;
   self.node_rank = is_static ? config.node_rank : -1;
+  if (!solo) self.ips = interface_addresses();
   // This agent's liveness in the store; a private one-node store needs none.
   std::unique_ptr<AgentLiveness> liveness;
   std::string lost_will;
@@ -313,7 +318,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   };
   StoreRendezvous rounds({rdzv, tcp_store.get(), interrupt, sigfd, solo, rs.server != nullptr,
                           rs.host, rs.port, liveness.get(), lost_will, is_static || solo,
-                          workers.master_addr, workers.bind});
+                          workers.master_addr, workers.bind, access, rs.server.get()});
   // The round's event, watched on a connection of its own.
   auto make_watcher = [&](const std::string& key) -> std::unique_ptr<EventWatcher> {
     if (etcd) return etcd_event_watcher(*etcd, key);

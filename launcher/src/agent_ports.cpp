@@ -93,8 +93,10 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
         // ones before the master is published: nothing can write while the keys go.
         clear_worker_keys(*s_.client);
         out.master_port = s_.store_port;
+        if (s_.store_server && !s_.solo) s_.store_server->set_trusted(workers_networks(out.round));
       } else {
-        worker_store_ = start_server(s_.workers_bind, 0);
+        worker_store_ = start_server(s_.workers_bind, 0, s_.access, workers_networks(out.round),
+                                     true);
         out.master_port = worker_store_->port();
       }
       out.master_addr = s_.workers_addr;
@@ -115,6 +117,20 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
   }
   if (on_signal && on_signal->fired()) out.signal = read_signal(s_.sigfd);
   return out;
+}
+
+// Loopback, this host, the round's members (their published addresses) and --store-allow; a
+// member none of whose addresses is known is named once: its workers would be refused.
+std::vector<rdzv::Cidr> StoreRendezvous::workers_networks(const Round& round) {
+  std::vector<std::string> unresolved;
+  auto nets = round_networks(s_.rendezvous.members(round), s_.access.allow, &unresolved);
+  for (const auto& node : unresolved) {
+    std::fprintf(stderr,
+                 "ddprun: no address of node %s is known: the workers' store will refuse its "
+                 "workers; give it --local-addr, or admit its network with --store-allow\n",
+                 node.c_str());
+  }
+  return nets;
 }
 
 void StoreRendezvous::finished(const Round& round) {

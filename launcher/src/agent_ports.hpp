@@ -24,6 +24,7 @@
 #include "ddp/launch/worker_output.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/server.hpp"
+#include "store_access.hpp"
 
 namespace ddp::launch {
 
@@ -52,6 +53,11 @@ class StoreRendezvous final : public RendezvousPort {
     bool agent_store_serves = false;
     std::string workers_addr;
     std::string workers_bind;
+    // Who may use the workers' store (store_access.hpp): the round's members' workers without
+    // authenticating, others only with the job's secret. `store_server`: the rendezvous store
+    // when this agent hosts it (static: it is the workers' store, so it admits them too).
+    StoreAccess access;
+    rdzv::StoreServer* store_server = nullptr;
   };
   explicit StoreRendezvous(Setup setup) : s_(std::move(setup)) {}
 
@@ -68,6 +74,7 @@ class StoreRendezvous final : public RendezvousPort {
   // worker of the round starts.
   std::unique_ptr<rdzv::StoreServer> worker_store_;
   std::string host_;
+  std::vector<rdzv::Cidr> workers_networks(const Round& round);
 };
 
 class LocalRound final : public WorkerLauncher, public EventSource {

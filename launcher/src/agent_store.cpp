@@ -165,20 +165,32 @@ std::string bind_address(const std::string& host) {
   return "0.0.0.0";
 }
 
-std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port) {
+std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port,
+                                                const StoreAccess& access,
+                                                std::vector<rdzv::Cidr> trusted, bool closed) {
   rdzv::ServerOptions so;
   so.host = bind;
   so.port = port;
   so.threads = 1;
+  so.secret = access.secret;
+  so.trusted = std::move(trusted);
+  so.closed = closed;
   auto s = std::make_unique<rdzv::StoreServer>(so);
   s->start();
   return s;
 }
 
-RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::string& private_bind) {
+RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::string& private_bind,
+                                      const StoreAccess& access) {
   RendezvousStore rs;
+  std::vector<rdzv::Cidr> agents = access.allow;
+  std::vector<rdzv::Cidr> workers = rdzv::loopback_networks();
+  workers.insert(workers.end(), access.allow.begin(), access.allow.end());
+  auto start = [&](const std::string& bind, std::uint16_t port, bool serves_workers) {
+    return start_server(bind, port, access, serves_workers ? workers : agents, false);
+  };
   if (config.private_store) {  // a private store on a free port: two jobs never collide
-    rs.server = start_server(private_bind, 0);
+    rs.server = start(private_bind, 0, true);
     rs.host = private_bind == "0.0.0.0" ? "127.0.0.1" : private_bind;
     rs.port = rs.server->port();
     return rs;
@@ -189,7 +201,7 @@ RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::str
   if (config.rdzv_backend == "static") {
     if (config.node_rank != 0) return rs;
     try {
-      rs.server = start_server(bind_address(ep.host), ep.port);
+      rs.server = start(bind_address(ep.host), ep.port, true);
     } catch (const Error& e) {
       throw ConfigError("--node-rank=0 hosts the rendezvous store on " + ep.host + ":" +
                         std::to_string(ep.port) + ", but " + e.what() +
@@ -204,7 +216,7 @@ RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::str
                       : names_this_machine(ep.host);
   if (!is_host) return rs;
   try {
-    rs.server = start_server(bind_address(ep.host), ep.port);
+    rs.server = start(bind_address(ep.host), ep.port, false);
   } catch (const Error&) {
     if (told) throw;  // is_host=true: hosting is required
     // Another agent of this job on this machine, a ddprund, or something else: told apart

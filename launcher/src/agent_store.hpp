@@ -14,6 +14,7 @@
 #include "ddp/launch/master_addr.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/server.hpp"
+#include "store_access.hpp"
 
 namespace ddp::launch {
 
@@ -37,9 +38,16 @@ std::string fqdn();
 // choose_workers_addr() for this host: the fqdn looked up only when --local-addr is not given.
 WorkersAddr workers_addr(const std::string& local_addr, bool confined);
 
-std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port);
+// A store this agent hosts (store_access.hpp): with the job's secret, peers outside `trusted`
+// must authenticate; without one, `closed` refuses them.
+std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::uint16_t port,
+                                                const StoreAccess& access,
+                                                std::vector<rdzv::Cidr> trusted, bool closed);
 // `private_bind`: where a private store (--standalone) listens; it serves the workers too.
-RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::string& private_bind);
+// A store that serves torch workers (private, static) admits loopback without authenticating;
+// the c10d rendezvous store only --store-allow (its clients are agents, which authenticate).
+RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::string& private_bind,
+                                      const StoreAccess& access);
 
 // Deletes every key the workers wrote (is_worker_key) in an agent's store that serves them, so
 // that a restarted round never reads an earlier round's addresses or counters. Returns how many.

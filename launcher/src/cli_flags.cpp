@@ -129,6 +129,10 @@ constexpr FlagSpec kFlags[] = {
      "printed at start)."},
     {"http_host", "--http-host,--http_host", false, true, G::ddprun, "HOST",
      "where the store binds", "ddprun's own: the address --http-port binds."},
+    {"store_allow", "--store-allow,--store_allow", false, true, G::ddprun, "CIDRS", "(none)",
+     "ddprun's own: networks (comma-separated CIDRs) whose clients may also use the stores this "
+     "agent hosts without authenticating, besides loopback and the round's nodes "
+     "(docs/security.md)."},
     {"trace", "--trace", false, true, G::ddprun, "FILE", "(none)",
      "ddprun's own: at exit, write a Chrome/Perfetto trace of every node's launcher phases and "
      "ranks' steps to FILE (written by group rank 0)."},

@@ -8,6 +8,7 @@
 #include "ddp/launch/limits.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/number.hpp"
+#include "ddp/rdzv/access.hpp"
 
 namespace ddp::launch {
 
@@ -80,6 +81,9 @@ void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>&
   if (raw.at("http_host") != kUnset) {
     if (raw.at("http_host").empty()) throw ConfigError("--http-host: empty");
     c.http_host = raw.at("http_host");
+  }
+  if (raw.at("store_allow") != kUnset) {
+    c.store_allow = rdzv::parse_cidrs(raw.at("store_allow"), "--store-allow");
   }
   if (raw.at("trace") != kUnset) {
     if (raw.at("trace").empty()) throw ConfigError("--trace: empty file name");

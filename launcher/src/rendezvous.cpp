@@ -190,6 +190,16 @@ void Rendezvous::assign(int r, int m, std::chrono::steady_clock::time_point give
   store_.multi_set(akeys, values);
 }
 
+std::vector<NodeDesc> Rendezvous::members(const Round& round) {
+  std::vector<std::string> keys;
+  for (int k = 1; k <= round.group_world_size; ++k) {
+    keys.push_back(key(round.number, "node/" + std::to_string(k)));
+  }
+  std::vector<NodeDesc> nodes;
+  for (const auto& text : store_.multi_get(keys)) nodes.push_back(decode_node(text));
+  return nodes;
+}
+
 int Rendezvous::wait_as_spare(int r, std::chrono::steady_clock::time_point give_up) {
   const std::string ev_key = key(r, "event");
   const bool ended_before = store_.check({ev_key});

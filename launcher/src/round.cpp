@@ -57,7 +57,8 @@ std::string encode(const NodeDesc& n) {
               {"role", n.role},
               {"node_rank", n.node_rank},
               {"prev_group_rank", n.prev_group_rank},
-              {"restart_count", n.restart_count}}
+              {"restart_count", n.restart_count},
+              {"ips", n.ips}}
       .dump();
 }
 
@@ -73,6 +74,10 @@ NodeDesc decode_node(std::string_view text) {
   n.node_rank = field<int>(j, "node_rank", w);
   n.prev_group_rank = field<int>(j, "prev_group_rank", w);
   n.restart_count = field<int>(j, "restart_count", w);
+  if (j.contains("ips")) {
+    n.ips = field<std::vector<std::string>>(j, "ips", w);
+    if (n.ips.size() > 64) throw ProtocolError("a node description lists more than 64 addresses");
+  }
   if (n.nproc <= 0) throw ProtocolError("a node description has nproc <= 0: " + j.dump());
   return n;
 }

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <utility>
 
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/status/job_view.hpp"
@@ -223,6 +224,7 @@ int run_status_command(const std::vector<std::string>& args) {
     std::unique_ptr<rdzv::StoreClient> store;
     try {
       rdzv::ClientOptions co;
+      co.secret = proto::auth::job_secret().value_or("");
       co.timeout = kStoreTimeout;
       co.connect_timeout = kStoreTimeout;
       store = std::make_unique<rdzv::StoreClient>(o.endpoint, co);

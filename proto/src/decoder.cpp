@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "ddp/proto/auth.hpp"
+
 namespace ddp::proto {
 namespace {
 
@@ -166,6 +168,10 @@ void parse_body(Op op, Cursor& c, Request& r, const Limits& lim) {
       c.read(r.u64);
       if (c.bytes(s, lim.max_key_bytes, "key")) r.keys.push_back(s);
       if (c.bytes(s, lim.max_value_bytes, "value")) r.values.push_back(s);
+      break;
+    case Op::auth:
+      if (c.bytes(s, 2 * auth::kNonceBytes, "client nonce")) r.keys.push_back(s);
+      if (c.bytes(s, 2 * auth::kProofBytes, "proof")) r.values.push_back(s);
       break;
     case Op::watch_key: c.fail("WATCH_KEY (torch 1.13 watchKey) is not supported"); break;
   }

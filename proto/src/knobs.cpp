@@ -59,6 +59,11 @@ constexpr Knob kKnobs[] = {
      Kind::text, "", "ddp-train", "the worker contract (docs/launcher.md, \"Workers\")"},
     {"TORCHELASTIC_*", Kind::text, "", "ddp-train",
      "the worker contract: RESTART_COUNT, MAX_RESTARTS, RUN_ID, ERROR_FILE, USE_AGENT_STORE"},
+    {"DDPRUN_STORE_SECRET", Kind::text, "", "ddprund, ddprun, ddpstore, ddp-train",
+     "the job's store secret (16 to 4096 bytes): clients authenticate with it, stores demand it "
+     "(docs/security.md)"},
+    {"DDPRUN_STORE_SECRET_FILE", Kind::text, "", "ddprund, ddprun, ddpstore, ddp-train",
+     "a file holding the store secret, owned by the user and mode 600 (or stricter)"},
     {"DDPRUN_PROGRESS_FD", Kind::integer, "", "ddp-train",
      "set by ddprun: the fd on which a worker writes one progress line per step"},
 };

@@ -14,7 +14,7 @@ constexpr std::array<Op, 9> kV113 = {Op::set,      Op::compare_set, Op::get,
 
 bool is_extension(std::uint8_t byte) {
   return byte >= static_cast<std::uint8_t>(Op::hello) &&
-         byte <= static_cast<std::uint8_t>(Op::lease_will);
+         byte <= static_cast<std::uint8_t>(Op::auth);
 }
 
 }  // namespace
@@ -67,6 +67,7 @@ std::string_view op_name(Op op) {
     case Op::lease_revoke: return "LEASE_REVOKE";
     case Op::set_with_lease: return "SET_WITH_LEASE";
     case Op::lease_will: return "LEASE_WILL";
+    case Op::auth: return "AUTH";
     case Op::watch_key: return "WATCH_KEY";
   }
   return "?";

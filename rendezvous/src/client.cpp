@@ -92,6 +92,7 @@ void StoreClient::read_exact(void* dst, std::size_t n, Clock::time_point deadlin
 
 void StoreClient::expect_reply(Clock::time_point deadline) {
   if (!opts_.extensions) return;
+  if (!auth_expect_.empty()) finish_auth();
   std::uint8_t status = 0;
   read_exact(&status, 1, deadline);
   if (status == proto::kReplyOk) return;
@@ -126,6 +127,8 @@ void StoreClient::set(std::string_view key, std::string_view value) {
   std::lock_guard<std::mutex> g(mu_);
   Writer(buf_).op(Dialect::v2, Op::set).bytes(key).bytes(value);
   send_request();
+  // No reply of its own: a refused authentication must not pass for a write done.
+  if (!auth_expect_.empty()) finish_auth();
 }
 
 std::string StoreClient::get(std::string_view key) {
@@ -222,6 +225,8 @@ void StoreClient::append(std::string_view key, std::string_view value) {
   std::lock_guard<std::mutex> g(mu_);
   Writer(buf_).op(Dialect::v2, Op::append).bytes(key).bytes(value);
   send_request();
+  // No reply of its own: a refused authentication must not pass for a write done.
+  if (!auth_expect_.empty()) finish_auth();
 }
 
 std::vector<std::string> StoreClient::multi_get(const std::vector<std::string>& keys) {
@@ -249,6 +254,8 @@ void StoreClient::multi_set(const std::vector<std::string>& keys,
   w.op(Dialect::v2, Op::multi_set).value<std::int64_t>(static_cast<std::int64_t>(keys.size()));
   for (std::size_t i = 0; i < keys.size(); ++i) w.bytes(keys[i]).bytes(values[i]);
   send_request();
+  // No reply of its own: a refused authentication must not pass for a write done.
+  if (!auth_expect_.empty()) finish_auth();
 }
 
 std::uint32_t StoreClient::ping(std::uint32_t nonce) {
@@ -265,6 +272,8 @@ void StoreClient::queue_push(std::string_view key, std::string_view value) {
   std::lock_guard<std::mutex> g(mu_);
   Writer(buf_).op(Dialect::v2, Op::queue_push).bytes(key).bytes(value);
   send_request();
+  // No reply of its own: a refused authentication must not pass for a write done.
+  if (!auth_expect_.empty()) finish_auth();
 }
 
 std::optional<std::string> StoreClient::queue_pop(std::string_view key) {

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "client_io.hpp"
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/opcodes.hpp"
 #include "ddp/proto/writer.hpp"
@@ -123,21 +124,57 @@ void StoreClient::connect() {
     }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
+  handshake();
+}
+
+// VALIDATE, then HELLO; from version 2 the HELLO reply carries the store's challenge, which
+// AUTH answers. AUTH's reply is not waited for here: it is read before the next reply
+// (finish_auth), so authenticating costs no round trip of its own.
+void StoreClient::handshake() {
   buf_.clear();
   Writer w(buf_);
   w.op(Dialect::v2, Op::validate).value<std::uint32_t>(proto::kValidateMagic);
   if (opts_.extensions) w.op(Dialect::v2, Op::hello).value<std::uint32_t>(proto::kExtensionVersion);
   send_request();
   if (!opts_.extensions) return;
+  std::string challenge;
   try {
     expect_reply(deadline());
     std::uint32_t version = 0;
     read_exact(&version, sizeof(version), deadline());
+    if (version >= proto::auth::kAuthVersion) challenge = read_bytes();
   } catch (const IoError&) {
     if (!peer_closed_) throw;
     DDP_THROW(ProtocolError, "the server at " + endpoint_ +
                                  " answers, but closed the connection at ddprun's handshake: it "
                                  "is not a ddprun store (a torch TCPStore?)");
+  }
+  if (opts_.secret.empty() || challenge.empty()) return;
+  const std::string mine = proto::auth::nonce();
+  Writer(buf_).op(Dialect::v2, Op::auth).bytes(mine).bytes(
+      proto::auth::client_proof(opts_.secret, mine, challenge));
+  send_request();
+  auth_expect_ = proto::auth::server_proof(opts_.secret, mine, challenge);
+}
+
+void StoreClient::finish_auth() {
+  const std::string expect = std::move(auth_expect_);
+  auth_expect_.clear();
+  std::uint8_t status = 0;
+  read_exact(&status, 1, deadline());
+  if (status != proto::kReplyOk) {
+    std::string msg = status == proto::kReplyError ? read_bytes() : "unknown reply status";
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    DDP_THROW(ProtocolError, "store " + endpoint_ + " refused authentication: " + msg);
+  }
+  const std::string proof = read_bytes();
+  if (!proto::auth::same(proof, expect)) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    DDP_THROW(ProtocolError, "store " + endpoint_ +
+                                 " answered authentication with a wrong proof: it does not hold "
+                                 "the job's secret");
   }
 }
 

@@ -2,6 +2,8 @@
 // servers do (torch-compat.md §5.4): i64 for counts, u64-length bytes for values, u8 enums.
 #include "dispatch.hpp"
 
+#include <algorithm>
+
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/writer.hpp"
 
@@ -33,9 +35,12 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
   try {
     switch (req.op) {
       case Op::validate: return Outcome::replied;
-      case Op::hello:
-        reply().value<std::uint32_t>(proto::kExtensionVersion);
+      case Op::hello: {
+        const auto version = std::min(req.u32, proto::kExtensionVersion);
+        reply().value<std::uint32_t>(version);
+        if (version >= 2) w.bytes(ctx.nonce);
         return Outcome::replied;
+      }
       case Op::ping: reply().value<std::uint32_t>(req.u32); return Outcome::replied;
       case Op::set: t.set(req.keys[0], req.values[0], ctx.woken); return Outcome::replied;
       case Op::compare_set:
@@ -144,6 +149,7 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
         reply().u8(t.lease_will(req.u64, req.keys[0], req.values[0]) ? 0 : 1);
         return Outcome::replied;
       case Op::cancel_wait:
+      case Op::auth:  // the connection's gate answers it (gate.hpp)
       case Op::watch_key: break;
     }
   } catch (const ProtocolError& e) {

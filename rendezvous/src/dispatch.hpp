@@ -28,6 +28,8 @@ struct DispatchContext {
   // not fit is refused before it is built (with over_budget set).
   std::size_t max_reply = SIZE_MAX;
   std::size_t max_leases = 0;  // live leases one connection may hold; 0: no limit
+  // HELLO from version 2: the AUTH challenge its reply carries (empty: no secret).
+  std::string_view nonce = {};
   bool over_budget = false;
 };
 

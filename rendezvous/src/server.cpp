@@ -83,6 +83,8 @@ struct StoreServer::Impl {
     shared.max_pending_reply_bytes = opts.max_pending_reply_bytes;
     shared.frame_timeout = opts.frame_timeout;
     shared.max_leases_per_connection = opts.max_leases_per_connection;
+    shared.secret = opts.secret;
+    shared.policy = AccessPolicy{!opts.secret.empty(), opts.trusted, opts.closed};
     shared.table.set_max_bytes(opts.max_store_bytes);
   }
 
@@ -154,9 +156,12 @@ struct StoreServer::Impl {
     acceptor->async_wait(tcp::acceptor::wait_read, [this](const boost::system::error_code& ec) {
       if (ec == asio::error::operation_aborted) return;
       for (int i = 0; i < 64 && !ec; ++i) {  // a burst; the rest on the next turn
-        int fd = ::accept4(acceptor->native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+        sockaddr_storage peer{};
+        socklen_t len = sizeof(peer);
+        int fd = ::accept4(acceptor->native_handle(), reinterpret_cast<sockaddr*>(&peer), &len,
+                           SOCK_CLOEXEC);
         if (fd >= 0) {
-          adopt(fd);
+          admit(fd, from_sockaddr(reinterpret_cast<const sockaddr*>(&peer)));
           continue;
         }
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
@@ -175,7 +180,22 @@ struct StoreServer::Impl {
     });
   }
 
-  void adopt(int fd) {
+  // Who may connect (access.hpp): a refused peer is closed before it costs a session.
+  void admit(int fd, const IpAddr& peer) {
+    Access access;
+    {
+      std::lock_guard<std::mutex> g(shared.policy_mu);
+      access = classify(shared.policy, peer);
+    }
+    if (access == Access::refuse) {
+      ::close(fd);
+      shared.audit(Refusal::address, peer.str());
+      return;
+    }
+    adopt(fd, access == Access::admit);
+  }
+
+  void adopt(int fd, bool admitted) {
     auto& target = *loops[next_loop];
     next_loop = (next_loop + 1) % loops.size();
     tcp::socket s(target);
@@ -185,10 +205,10 @@ struct StoreServer::Impl {
       ::close(fd);
       return;
     }
-    on_accept(std::move(s));
+    on_accept(std::move(s), admitted);
   }
 
-  void on_accept(tcp::socket s) {
+  void on_accept(tcp::socket s, bool admitted) {
     if (shared.connections_open.load() >= opts.max_connections) {
       shared.connections_refused.fetch_add(1);
       logger("rdzv").warn("refusing a connection: the limit of {} connections is reached",
@@ -198,7 +218,7 @@ struct StoreServer::Impl {
       return;
     }
     WaiterId id = next_id.fetch_add(1);
-    auto session = std::make_shared<Session>(std::move(s), shared, id);
+    auto session = std::make_shared<Session>(std::move(s), shared, id, admitted);
     {
       std::lock_guard<std::mutex> g(shared.mu);
       shared.sessions.emplace(id, session);
@@ -277,6 +297,12 @@ void StoreServer::stop() {
   for (auto& s : live) s->abort();
 }
 
+void StoreServer::set_trusted(std::vector<Cidr> trusted) {
+  auto& s = impl_->shared;
+  std::lock_guard<std::mutex> g(s.policy_mu);
+  s.policy.trusted = std::move(trusted);
+}
+
 std::uint16_t StoreServer::port() const { return impl_->port; }
 const std::string& StoreServer::host() const { return impl_->opts.host; }
 
@@ -299,6 +325,11 @@ ServerStats StoreServer::stats() const {
   }
   st.bytes_received = s.bytes_received.load(relaxed);
   st.bytes_sent = s.bytes_sent.load(relaxed);
+  st.auth_ok = s.auth_ok.load(relaxed);
+  auto refused = [&](Refusal r) { return s.refusals[static_cast<std::size_t>(r)].load(relaxed); };
+  st.refused_address = refused(Refusal::address);
+  st.refused_unauthenticated = refused(Refusal::unauthenticated);
+  st.auth_failures = refused(Refusal::bad_proof) + refused(Refusal::no_challenge);
   {
     std::lock_guard<std::mutex> g(s.mu);
     st.keys = s.table.num_keys();

@@ -17,6 +17,8 @@
 #include "ddp/rdzv/kv_table.hpp"
 #include "ddp/rdzv/server.hpp"
 #include "ddp/proto/opcodes.hpp"
+#include "ddp/rdzv/access.hpp"
+#include "gate.hpp"
 
 namespace ddp::rdzv {
 
@@ -40,6 +42,17 @@ struct SharedState {
   // Counted relaxed, one add per request (by kind), per read and per write: no lock.
   std::array<std::atomic<std::uint64_t>, kOpKinds> requests{};
   std::atomic<std::uint64_t> bytes_received{0}, bytes_sent{0};
+  // Access (access.hpp): the secret (fixed at start), the policy (replaced by set_trusted,
+  // read at each accept), refusals by reason and their rate-limited log (audit.cpp).
+  std::string secret;
+  std::mutex policy_mu;
+  AccessPolicy policy;
+  std::atomic<std::uint64_t> auth_ok{0};
+  std::array<std::atomic<std::uint64_t>, 5> refusals{};  // indexed by Refusal
+  std::mutex audit_mu;
+  LogRateLimit audit_limit{10, std::chrono::seconds(10)};
+  // Counts the refusal and logs "refused <peer>: <reason>" within the rate limit.
+  void audit(Refusal why, const std::string& peer);
 
   Millis now() const {
     return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - epoch);
@@ -53,7 +66,8 @@ void post_wakes(std::vector<std::shared_ptr<Session>>& sessions);
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(boost::asio::ip::tcp::socket socket, SharedState& shared, WaiterId id);
+  // `admitted`: may use the store without authenticating (classify() said admit).
+  Session(boost::asio::ip::tcp::socket socket, SharedState& shared, WaiterId id, bool admitted);
   void start();
   // Called on the session's own loop after a waker bumped `wakes_issued`.
   void deliver_wakes();
@@ -84,6 +98,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool handle(const proto::Request& req);
   void cancel_wait(bool reply);
   void fail(const std::string& why);
+  // Closes for an access refusal: counted and logged by SharedState::audit, not by fail().
+  void refuse(Refusal why);
+  bool gate(const proto::Request& req);
   std::string peer();
   void flush();
   void close();
@@ -92,6 +109,7 @@ class Session : public std::enable_shared_from_this<Session> {
   SharedState& shared_;
   WaiterId id_;
   proto::Decoder decoder_;
+  Gate gate_;
   proto::Request req_;
   std::unique_ptr<char[]> in_;  // [in_begin_, in_end_) holds unparsed bytes; not zero-filled
   std::size_t in_cap_ = 0, in_begin_ = 0, in_end_ = 0;

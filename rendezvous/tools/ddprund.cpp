@@ -12,7 +12,9 @@
 #include <memory>
 #include <optional>
 
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/rdzv/access.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/fd_limit.hpp"
 #include "ddp/rdzv/log.hpp"
@@ -95,6 +97,14 @@ int main(int argc, char** argv) {
   app.add_option("--backlog", opts.backlog, "listen backlog (capped by net.core.somaxconn)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  std::string secret_file, allow_unauthenticated;
+  app.add_option("--secret-file", secret_file,
+                 "a file (yours, mode 600) holding the store secret: clients outside "
+                 "--allow-unauthenticated must authenticate with it; DDPRUN_STORE_SECRET(_FILE) "
+                 "work too (docs/security.md)");
+  app.add_option("--allow-unauthenticated", allow_unauthenticated,
+                 "with a secret: networks (CIDRs, comma-separated) whose clients may use the store "
+                 "without authenticating, for torch clients such as torchrun's c10d agents");
   app.add_option("--http-host", http_host,
                  "address of the HTTP status views (/, /api/status, /api/runs, /metrics); "
                  "default: --host");
@@ -118,14 +128,42 @@ int main(int argc, char** argv) {
 
   auto& log = ddp::logger("rdzv");
   try {
+    std::optional<std::string> secret;
+    if (!secret_file.empty()) {
+      if (ddp::proto::auth::job_secret()) {
+        throw ddp::ConfigError(
+            "--secret-file and DDPRUN_STORE_SECRET(_FILE) are both set: give one of them");
+      }
+      secret = ddp::proto::auth::read_secret_file(secret_file);
+    } else {
+      secret = ddp::proto::auth::job_secret();
+    }
+    if (secret) opts.secret = std::move(*secret);
+    if (!allow_unauthenticated.empty()) {
+      if (opts.secret.empty()) {
+        throw ddp::ConfigError(
+            "--allow-unauthenticated needs a secret (--secret-file or DDPRUN_STORE_SECRET): "
+            "without one every client is admitted");
+      }
+      opts.trusted = ddp::rdzv::parse_cidrs(allow_unauthenticated, "--allow-unauthenticated");
+    }
+    ddp::rdzv::IpAddr bound;
+    const bool loopback_only =
+        opts.host == "localhost" || (ddp::rdzv::parse_ip(opts.host, bound) && bound.is_loopback());
+    if (opts.secret.empty() && !loopback_only) {
+      log.warn("no store secret: anyone who reaches {}:{} can read, write and end the jobs in "
+               "this store; set DDPRUN_STORE_SECRET_FILE (docs/security.md)", opts.host, opts.port);
+    }
     ddp::rdzv::StoreServer server(opts);
     server.start();
-    std::cout << "ddprund listening on " << opts.host << ":" << server.port() << std::endl;
+    std::cout << "ddprund listening on " << opts.host << ":" << server.port()
+              << (opts.secret.empty() ? "" : " (clients must authenticate)") << std::endl;
     // The views read the store through a client of their own, on the HTTP thread; short
     // timeouts, since every HTTP connection waits while a request is answered.
     ddp::status::ViewSources sources;
-    sources.connect = [host = local_address(opts.host), port = server.port()] {
+    sources.connect = [host = local_address(opts.host), port = server.port(), secret = opts.secret] {
       ddp::rdzv::ClientOptions co;
+      co.secret = secret;
       co.timeout = std::chrono::milliseconds(3000);
       co.connect_timeout = std::chrono::milliseconds(1000);
       return std::unique_ptr<ddp::rdzv::Store>(
@@ -159,8 +197,10 @@ int main(int argc, char** argv) {
     auto st = server.stats();
     log.info(
         "served {} connections, {} requests; closed {} for protocol errors, {} for an "
-        "unfinished request, {} over a memory budget",
-        st.connections_total, st.requests, st.protocol_errors, st.frame_timeouts, st.over_budget);
+        "unfinished request, {} over a memory budget; {} authenticated, refused {} "
+        "unauthenticated and {} with a wrong proof",
+        st.connections_total, st.requests, st.protocol_errors, st.frame_timeouts, st.over_budget,
+        st.auth_ok, st.refused_unauthenticated, st.auth_failures);
     if (http) {
       const auto hs = http->stats();
       log.info(

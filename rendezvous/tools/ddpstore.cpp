@@ -5,6 +5,7 @@
 #include <charconv>
 #include <iostream>
 
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
     o.timeout = std::chrono::milliseconds(timeout_ms);
     o.connect_timeout = std::chrono::milliseconds(timeout_ms);
     o.extensions = !torch;
+    // The job's secret from the environment (never a flag: ps would show it).
+    if (auto secret = ddp::proto::auth::job_secret()) o.secret = std::move(*secret);
     ddp::rdzv::StoreClient c(ep, o);
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());

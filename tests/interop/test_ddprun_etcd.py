@@ -24,6 +24,11 @@ rec="$OUT/rec.$(date +%s%N).$$"
 echo "rank=$RANK world=$WORLD_SIZE group=$GROUP_RANK restarts=$TORCHELASTIC_RESTART_COUNT \
 agent=$PPID master=$MASTER_ADDR:$MASTER_PORT" > "$rec.tmp" && mv "$rec.tmp" "$rec"
 if [ -n "$FAIL_RANK" ] && [ "$RANK" = "$FAIL_RANK" ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  # Fail only once every rank of this attempt has written its record (at most 20 s): a failure
+  # at once may stop the other nodes' workers before they write, which the test would misread.
+  i=0
+  while [ "$(cat "$OUT"/rec.* 2>/dev/null | grep -c "restarts=0 ")" -lt "$WORLD_SIZE" ] && \
+        [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
   exit 3
 fi
 while [ ! -f "$OUT/stop" ]; do sleep 0.05; done

@@ -17,8 +17,18 @@ namespace ddp::test {
 
 class RawSocket {
  public:
-  explicit RawSocket(std::uint16_t port) {
+  // `source`: the loopback address to connect from (127.0.0.1 by default; all of 127/8 is
+  // this host's), for tests of who a store admits.
+  explicit RawSocket(std::uint16_t port, const char* source = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
+        throw std::runtime_error("bind to the source address failed");
+      }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);

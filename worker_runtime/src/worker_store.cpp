@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/server.hpp"
@@ -35,10 +36,23 @@ WorkerStore::WorkerStore(const WorkerEnv& env) {
     }
   }
   try {
-    // Plain TCPStore requests only: under torchrun the agent's store is torch's own server.
+    // Plain TCPStore requests (under torchrun the agent's store is torch's own server), unless
+    // the job has a secret: then ddprun's store is asked to let it in (docs/security.md), and a
+    // torch store, which closes the connection at HELLO, is used plainly.
     rdzv::ClientOptions co;
     co.extensions = false;
-    client_ = std::make_shared<rdzv::StoreClient>(env.master_addr, env.master_port, co);
+    if (auto secret = proto::auth::job_secret()) {
+      co.extensions = true;
+      co.secret = std::move(*secret);
+      try {
+        client_ = std::make_shared<rdzv::StoreClient>(env.master_addr, env.master_port, co);
+      } catch (const ProtocolError&) {
+        co.extensions = false;
+      }
+    }
+    if (!client_) {
+      client_ = std::make_shared<rdzv::StoreClient>(env.master_addr, env.master_port, co);
+    }
   } catch (const std::exception& e) {
     throw IoError("cannot reach the job's store at MASTER_ADDR=" + env.master_addr +
                   " MASTER_PORT=" + std::to_string(env.master_port) + ": " + e.what());

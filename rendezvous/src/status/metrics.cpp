@@ -369,6 +369,17 @@ void render_store(std::string& out, const rdzv::ServerStats& s) {
       "bounds it).",
       s.table_bytes);
   one("ddprun_store_leases", "gauge", "Live leases now.", s.leases);
+  one("ddprun_store_auth_total", "counter", "Connections that authenticated with the job's secret.",
+      s.auth_ok);
+  {
+    Family f(out, "ddprun_store_refused_total", "counter",
+             "Connections refused by access (docs/security.md), by reason: address (outside the "
+             "trusted networks of a closed store), unauthenticated (a request before "
+             "authenticating), auth_failed (a wrong proof).");
+    f.sample("", s.refused_address, "reason", "address");
+    f.sample("", s.refused_unauthenticated, "reason", "unauthenticated");
+    f.sample("", s.auth_failures, "reason", "auth_failed");
+  }
 }
 
 // The length of the valid UTF-8 sequence at s[i], or 0 if it is not one.

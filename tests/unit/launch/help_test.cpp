@@ -52,6 +52,7 @@ TEST_CASE("every flag the table names is one the parser takes, in both spellings
         if (std::string(s.dest) == "on_hang") v = "stop";
         if (std::string(s.dest) == "straggler_factor") v = "2";  // always an error (cli_test)
         if (std::string(s.dest) == "progress") v = "lines";
+        if (std::string(s.dest) == "store_allow") v = "10.0.0.0/8";
         argv.push_back(v);
       }
       argv.push_back("--rdzv-endpoint=h:1");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/rdzv/access.hpp"
 #include "ddp/rdzv/endpoint.hpp"
 
 namespace ddp::launch {
@@ -88,6 +89,9 @@ struct LaunchConfig {
   std::string http_host;
   std::string trace_path;
   std::string progress = "auto";
+  // --store-allow: networks admitted to the agent's stores without authenticating
+  // (docs/security.md), besides loopback and the round's nodes.
+  std::vector<rdzv::Cidr> store_allow;
   std::string entrypoint;
   std::vector<std::string> args;
 

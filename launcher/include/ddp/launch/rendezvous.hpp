@@ -62,6 +62,9 @@ class Rendezvous {
 
   // The workers' store of a round, published by group rank 0 and read by the others.
   void publish_master(const Round& round, const std::string& addr, std::uint16_t port);
+  // The descriptions of the round's members (one MULTI_GET): the workers' store's host admits
+  // their workers by these nodes' addresses.
+  std::vector<NodeDesc> members(const Round& round);
   std::pair<std::string, std::uint16_t> master(const Round& round);
 
   // Posts `event` as the round's outcome unless another was posted first; returns the one

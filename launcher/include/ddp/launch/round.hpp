@@ -20,6 +20,9 @@ struct NodeDesc {
   int node_rank = -1;        // --node-rank for the static backend, else -1
   int prev_group_rank = -1;  // the group rank this node had in the previous round, else -1
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT this node expects for the round
+  // This host's interface addresses (store_access.hpp): the workers' store of a round admits
+  // its members' workers by them. At most 64; older agents send none.
+  std::vector<std::string> ips;
 };
 
 std::string encode(const NodeDesc& node);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 
 #include "ddp/rdzv/client.hpp"
 
@@ -22,8 +23,10 @@ struct StoreClients {
 
 inline StoreClients store_clients(std::chrono::milliseconds read_timeout,
                                   std::chrono::milliseconds join_timeout,
-                                  std::chrono::milliseconds lease_ttl) {
+                                  std::chrono::milliseconds lease_ttl,
+                                  const std::string& secret = {}) {
   StoreClients c;
+  for (auto* o : {&c.rendezvous, &c.liveness, &c.watcher, &c.status}) o->secret = secret;
   c.rendezvous.timeout = read_timeout;
   c.rendezvous.connect_timeout = join_timeout;
   c.liveness.timeout = std::max(lease_ttl, std::chrono::milliseconds(1000));

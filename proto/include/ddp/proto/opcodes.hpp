@@ -42,7 +42,10 @@ enum class Op : std::uint8_t {
   list_keys = 17,
   barrier = 18,
   // ddprun extensions (docs/wire_protocol.md). torch clients never send these.
-  hello = 0x80,            // u32 version -> status-prefixed replies from here on
+  // u32 version -> u32 version (the lower of both), then, from version 2, bytes nonce: the
+  // server's challenge for AUTH, empty when the server has no secret. Status-prefixed replies
+  // from here on.
+  hello = 0x80,
   lease_grant = 0x81,      // i64 ttl_ms, u8 bind_to_connection -> u64 lease id
   lease_keepalive = 0x82,  // u64 lease -> u8 0 ok / 1 unknown or expired
   lease_revoke = 0x83,     // u64 lease -> u8 0 ok / 1 unknown; deletes the lease's keys
@@ -51,6 +54,10 @@ enum class Op : std::uint8_t {
   // lease expires or its connection closes (not on LEASE_REVOKE), the server sets key to value
   // if key is absent, waking its waiters. An empty key clears the will.
   lease_will = 0x85,
+  // bytes client nonce, bytes proof -> bytes server proof (empty: the server has no secret).
+  // The proof answers the nonce of the HELLO reply (version >= 2): proto/auth.hpp. A wrong
+  // proof gets kReplyError and the connection closes.
+  auth = 0x86,
   watch_key = 0xFE,  // torch 1.13 only (opcode 7 there); refused
 };
 
@@ -63,7 +70,7 @@ inline constexpr std::uint8_t kWaitCanceled = 1;
 inline constexpr std::uint8_t kReplyOk = 0;
 inline constexpr std::uint8_t kReplyError = 1;  // followed by str message; connection then closes
 
-inline constexpr std::uint32_t kExtensionVersion = 1;
+inline constexpr std::uint32_t kExtensionVersion = 2;  // 2: HELLO carries the AUTH nonce
 
 // Maps a wire byte to an operation for the given dialect; nullopt for an unknown opcode.
 std::optional<Op> op_from_wire(Dialect dialect, std::uint8_t byte);

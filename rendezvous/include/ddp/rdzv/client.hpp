@@ -27,6 +27,10 @@ struct ClientOptions {
   // While connecting: a readable fd here (the agent's signalfd) ends the attempts at once with
   // ddp::IoError "... connecting interrupted". -1: none.
   int cancel_fd = -1;
+  // The job's secret (proto/auth.hpp; empty: none). With extensions, the client answers a
+  // store's challenge with it right after HELLO (AUTH), and checks the store's own proof: a
+  // store that does not hold the secret is refused. A store without a secret asks for none.
+  std::string secret;
 };
 
 class StoreClient : public Store {
@@ -80,6 +84,8 @@ class StoreClient : public Store {
 
  private:
   void connect();
+  void handshake();
+  void finish_auth();
   bool lease_op(proto::Op op, std::uint64_t lease);
   void send_request();
   void rethrow_refusal();
@@ -103,6 +109,9 @@ class StoreClient : public Store {
   int wake_fd_ = -1;  // eventfd, written by interrupt()
   std::string buf_;
   bool peer_closed_ = false;  // the last read ended at EOF
+  // AUTH was sent with the first request after it and not waited for: its reply (the store's
+  // proof, expected to equal this) is read before the next reply.
+  std::string auth_expect_;
   std::mutex mu_;
 };
 

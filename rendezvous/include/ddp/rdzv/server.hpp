@@ -9,8 +9,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ddp/proto/opcodes.hpp"
+#include "ddp/rdzv/access.hpp"
 
 namespace ddp::rdzv {
 
@@ -37,6 +39,12 @@ struct ServerOptions {
   std::chrono::milliseconds frame_timeout{5000};
   // Live leases one connection may have granted (bound or with a ttl); 0: no limit.
   std::size_t max_leases_per_connection = 1024;
+  // Who may use the store (access.hpp, docs/security.md). `secret` (empty: none): peers outside
+  // `trusted` must authenticate (AUTH) before any request. Without a secret, `closed` refuses
+  // them at connect; otherwise everyone is admitted, as torch's TCPStore does.
+  std::string secret;
+  std::vector<Cidr> trusted;
+  bool closed = false;
 };
 
 // Requests as the server's counters group them (the `op` label of the store metrics).
@@ -100,6 +108,11 @@ struct ServerStats {
   std::uint64_t keys = 0;                                // in the table now
   std::uint64_t table_bytes = 0;  // keys, values and queued items now (max_store_bytes' count)
   std::uint64_t leases = 0;       // live leases now
+  // Access (docs/security.md): connections that authenticated, and refusals by reason.
+  std::uint64_t auth_ok = 0;
+  std::uint64_t refused_address = 0;          // a closed store, a peer outside its networks
+  std::uint64_t refused_unauthenticated = 0;  // a request before authenticating
+  std::uint64_t auth_failures = 0;            // a wrong proof, or AUTH without a challenge
 };
 
 class StoreServer {
@@ -114,6 +127,9 @@ class StoreServer {
   void start();
   // Closes the listener and every connection, joins the loops. Idempotent.
   void stop();
+
+  // Replaces the trusted networks (a new round's members); applies to connections from now on.
+  void set_trusted(std::vector<Cidr> trusted);
 
   std::uint16_t port() const;
   const std::string& host() const;

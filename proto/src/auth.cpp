@@ -1,0 +1,139 @@
+// Authentication proofs (HMAC-SHA256 through OpenSSL's libcrypto), nonces from getrandom, and
+// the job's secret from the environment or a private file (auth.hpp).
+#include "ddp/proto/auth.hpp"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ddp/proto/error.hpp"
+
+namespace ddp::proto::auth {
+
+namespace {
+constexpr std::string_view kClientLabel = "ddprun-auth-v1 client";
+constexpr std::string_view kServerLabel = "ddprun-auth-v1 server";
+
+std::string proof(std::string_view label, std::string_view secret, std::string_view cn,
+                  std::string_view sn) {
+  // Length-prefixed fields: no two (cn, sn) pairs give the same message.
+  std::string msg(label);
+  auto field = [&msg](std::string_view f) {
+    const std::uint64_t n = f.size();
+    msg.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    msg.append(f);
+  };
+  field(cn);
+  field(sn);
+  return hmac_sha256(secret, msg);
+}
+}  // namespace
+
+std::string nonce() {
+  std::string out(kNonceBytes, '\0');
+  std::size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::getrandom(out.data() + got, out.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) DDP_THROW(IoError, std::string("getrandom failed: ") + std::strerror(errno));
+    got += static_cast<std::size_t>(n);
+  }
+  return out;
+}
+
+std::string hmac_sha256(std::string_view key, std::string_view message) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), md,
+           &len) == nullptr) {
+    DDP_THROW(IoError, "HMAC-SHA256 failed in libcrypto");
+  }
+  return std::string(reinterpret_cast<const char*>(md), len);
+}
+
+std::string client_proof(std::string_view secret, std::string_view client_nonce,
+                         std::string_view server_nonce) {
+  return proof(kClientLabel, secret, client_nonce, server_nonce);
+}
+
+std::string server_proof(std::string_view secret, std::string_view client_nonce,
+                         std::string_view server_nonce) {
+  return proof(kServerLabel, secret, client_nonce, server_nonce);
+}
+
+bool same(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string checked_secret(std::string secret, std::string_view origin) {
+  if (secret.size() < kMinSecretBytes || secret.size() > kMaxSecretBytes) {
+    const std::size_t n = secret.size();
+    OPENSSL_cleanse(secret.data(), secret.size());
+    DDP_THROW(ConfigError, std::string(origin) + ": the store secret has " + std::to_string(n) +
+                               " bytes; it must have " + std::to_string(kMinSecretBytes) +
+                               " to " + std::to_string(kMaxSecretBytes) +
+                               " (make one with: head -c 32 /dev/urandom | base64)");
+  }
+  return secret;
+}
+
+std::string read_secret_file(const std::string& path) {
+  const std::string what = "store secret file " + path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) DDP_THROW(ConfigError, what + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  std::string err;
+  if (::fstat(fd, &st) != 0) {
+    err = std::string("cannot stat: ") + std::strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    err = "not a regular file";
+  } else if (st.st_uid != ::geteuid()) {
+    err = "owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
+          std::to_string(::geteuid()) + ")";
+  } else if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    err = std::string("mode ") + mode + " lets others read it; chmod 600 it";
+  } else if (st.st_size > static_cast<off_t>(kMaxSecretBytes + 2)) {
+    err = "larger than " + std::to_string(kMaxSecretBytes) + " bytes";
+  }
+  std::string secret;
+  if (err.empty()) {
+    secret.resize(static_cast<std::size_t>(st.st_size));
+    std::size_t got = 0;
+    while (got < secret.size()) {
+      ssize_t n = ::read(fd, secret.data() + got, secret.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    secret.resize(got);
+  }
+  ::close(fd);
+  if (!err.empty()) DDP_THROW(ConfigError, what + ": " + err);
+  if (!secret.empty() && secret.back() == '\n') secret.pop_back();
+  if (!secret.empty() && secret.back() == '\r') secret.pop_back();
+  return checked_secret(std::move(secret), what);
+}
+
+std::optional<std::string> job_secret(const knobs::Env* env) {
+  auto file = knobs::text("DDPRUN_STORE_SECRET_FILE", env);
+  auto value = knobs::text("DDPRUN_STORE_SECRET", env);
+  if (file && value) {
+    DDP_THROW(ConfigError,
+              "both DDPRUN_STORE_SECRET and DDPRUN_STORE_SECRET_FILE are set: set one of them");
+  }
+  if (file) return read_secret_file(*file);
+  if (value) return checked_secret(std::move(*value), "DDPRUN_STORE_SECRET");
+  return std::nullopt;
+}
+
+}  // namespace ddp::proto::auth
