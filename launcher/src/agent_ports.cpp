@@ -95,8 +95,8 @@ Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
         out.master_port = s_.store_port;
         if (s_.store_server && !s_.solo) s_.store_server->set_trusted(workers_networks(out.round));
       } else {
-        worker_store_ = start_server(s_.workers_bind, 0, s_.access, workers_networks(out.round),
-                                     true);
+        worker_store_ =
+            start_server(s_.workers_bind, 0, s_.access, workers_networks(out.round), true);
         out.master_port = worker_store_->port();
       }
       out.master_addr = s_.workers_addr;

@@ -183,14 +183,16 @@ std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::ui
 RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::string& private_bind,
                                       const StoreAccess& access) {
   RendezvousStore rs;
-  std::vector<rdzv::Cidr> agents = access.allow;
-  std::vector<rdzv::Cidr> workers = rdzv::loopback_networks();
-  workers.insert(workers.end(), access.allow.begin(), access.allow.end());
+  // Agents authenticate (with a secret); torch workers come from this host until a round names
+  // the other nodes (static: StoreRendezvous::form widens it).
+  const std::vector<rdzv::Cidr> agents = access.allow;
+  const std::vector<rdzv::Cidr> workers = round_networks({}, access.allow);
   auto start = [&](const std::string& bind, std::uint16_t port, bool serves_workers) {
     return start_server(bind, port, access, serves_workers ? workers : agents, false);
   };
   if (config.private_store) {  // a private store on a free port: two jobs never collide
-    rs.server = start(private_bind, 0, true);
+    // Only this host's processes use it: closed to every other address, secret or not.
+    rs.server = start_server(private_bind, 0, access, workers, true);
     rs.host = private_bind == "0.0.0.0" ? "127.0.0.1" : private_bind;
     rs.port = rs.server->port();
     return rs;

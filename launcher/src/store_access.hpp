@@ -12,8 +12,8 @@
 namespace ddp::launch {
 
 struct StoreAccess {
-  std::string secret;               // the job's (empty: none)
-  std::vector<rdzv::Cidr> allow;    // --store-allow
+  std::string secret;             // the job's (empty: none)
+  std::vector<rdzv::Cidr> allow;  // --store-allow
 };
 
 // This host's interface addresses (up, IPv4 and IPv6, loopback and link-local excluded), at

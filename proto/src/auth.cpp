@@ -78,8 +78,8 @@ std::string checked_secret(std::string secret, std::string_view origin) {
     const std::size_t n = secret.size();
     OPENSSL_cleanse(secret.data(), secret.size());
     DDP_THROW(ConfigError, std::string(origin) + ": the store secret has " + std::to_string(n) +
-                               " bytes; it must have " + std::to_string(kMinSecretBytes) +
-                               " to " + std::to_string(kMaxSecretBytes) +
+                               " bytes; it must have " + std::to_string(kMinSecretBytes) + " to " +
+                               std::to_string(kMaxSecretBytes) +
                                " (make one with: head -c 32 /dev/urandom | base64)");
   }
   return secret;

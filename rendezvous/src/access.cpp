@@ -67,7 +67,8 @@ bool Cidr::contains(const IpAddr& a) const {
   if (std::memcmp(a.b.data(), net.b.data(), static_cast<std::size_t>(full)) != 0) return false;
   if (rest == 0) return true;
   const auto mask = static_cast<std::uint8_t>(0xff << (8 - rest));
-  return (a.b[static_cast<std::size_t>(full)] & mask) == (net.b[static_cast<std::size_t>(full)] & mask);
+  return (a.b[static_cast<std::size_t>(full)] & mask) ==
+         (net.b[static_cast<std::size_t>(full)] & mask);
 }
 
 std::string Cidr::str() const {

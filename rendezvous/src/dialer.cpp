@@ -151,8 +151,10 @@ void StoreClient::handshake() {
   }
   if (opts_.secret.empty() || challenge.empty()) return;
   const std::string mine = proto::auth::nonce();
-  Writer(buf_).op(Dialect::v2, Op::auth).bytes(mine).bytes(
-      proto::auth::client_proof(opts_.secret, mine, challenge));
+  Writer(buf_)
+      .op(Dialect::v2, Op::auth)
+      .bytes(mine)
+      .bytes(proto::auth::client_proof(opts_.secret, mine, challenge));
   send_request();
   auth_expect_ = proto::auth::server_proof(opts_.secret, mine, challenge);
 }

@@ -402,12 +402,14 @@ void Session::fail(const std::string& why) {
 void Session::refuse(Refusal why) {
   shared_.audit(why, peer());
   if (status_prefix_) {
-    proto::Writer(out_).u8(proto::kReplyError).bytes(
-        why == Refusal::unauthenticated
-            ? "authentication required: this store admits only the job's processes; give "
-              "ddprun's tools the job's secret (DDPRUN_STORE_SECRET or DDPRUN_STORE_SECRET_FILE)"
-            : "authentication failed (" + std::string(refusal_name(why)) +
-                  "): the secret differs from the store's");
+    proto::Writer(out_)
+        .u8(proto::kReplyError)
+        .bytes(why == Refusal::unauthenticated
+                   ? "authentication required: this store admits only the job's processes; give "
+                     "ddprun's tools the job's secret (DDPRUN_STORE_SECRET or "
+                     "DDPRUN_STORE_SECRET_FILE)"
+                   : "authentication failed (" + std::string(refusal_name(why)) +
+                         "): the secret differs from the store's");
   }
   closing_ = true;
   flush();

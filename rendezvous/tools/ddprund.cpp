@@ -151,8 +151,10 @@ int main(int argc, char** argv) {
     const bool loopback_only =
         opts.host == "localhost" || (ddp::rdzv::parse_ip(opts.host, bound) && bound.is_loopback());
     if (opts.secret.empty() && !loopback_only) {
-      log.warn("no store secret: anyone who reaches {}:{} can read, write and end the jobs in "
-               "this store; set DDPRUN_STORE_SECRET_FILE (docs/security.md)", opts.host, opts.port);
+      log.warn(
+          "no store secret: anyone who reaches {}:{} can read, write and end the jobs in "
+          "this store; set DDPRUN_STORE_SECRET_FILE (docs/security.md)",
+          opts.host, opts.port);
     }
     ddp::rdzv::StoreServer server(opts);
     server.start();
@@ -161,7 +163,8 @@ int main(int argc, char** argv) {
     // The views read the store through a client of their own, on the HTTP thread; short
     // timeouts, since every HTTP connection waits while a request is answered.
     ddp::status::ViewSources sources;
-    sources.connect = [host = local_address(opts.host), port = server.port(), secret = opts.secret] {
+    sources.connect = [host = local_address(opts.host), port = server.port(),
+                       secret = opts.secret] {
       ddp::rdzv::ClientOptions co;
       co.secret = secret;
       co.timeout = std::chrono::milliseconds(3000);

@@ -23,8 +23,8 @@
 using namespace ddp::rdzv;
 using namespace ddp::proto;
 using namespace std::chrono_literals;
-using ddp::test::RawSocket;
 using ddp::test::eventually;
+using ddp::test::RawSocket;
 using ddp::test::unhex;
 
 namespace {
@@ -161,8 +161,7 @@ TEST_CASE("a client with a secret uses a store without one", "[integration][auth
   CHECK(f.server.stats().auth_ok == 0);
 }
 
-TEST_CASE("a client refuses a store that cannot prove it holds the secret",
-          "[integration][auth]") {
+TEST_CASE("a client refuses a store that cannot prove it holds the secret", "[integration][auth]") {
   // A fake store: challenges, then accepts any proof and answers with a made-up one.
   int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};

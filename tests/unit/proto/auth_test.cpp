@@ -62,9 +62,9 @@ TEST_CASE("the secret file must be the user's own, private, and of a sane size",
   TempDir t;
   CHECK(read_secret_file(t.write("ok", "0123456789abcdefXYZ\n", 0600)) == "0123456789abcdefXYZ");
   CHECK(read_secret_file(t.write("ro", "0123456789abcdefXYZ", 0400)) == "0123456789abcdefXYZ");
-  CHECK_THROWS_WITH(read_secret_file(t.write("open", "0123456789abcdefXYZ", 0644)),
-                    Catch::Contains("mode 644 lets others read it") &&
-                        !Catch::Contains("0123456789abcdef"));
+  CHECK_THROWS_WITH(
+      read_secret_file(t.write("open", "0123456789abcdefXYZ", 0644)),
+      Catch::Contains("mode 644 lets others read it") && !Catch::Contains("0123456789abcdef"));
   CHECK_THROWS_WITH(read_secret_file(t.write("short", "tiny\n", 0600)),
                     Catch::Contains("has 4 bytes; it must have 16 to 4096"));
   CHECK_THROWS_WITH(read_secret_file(t.write("big", std::string(5000, 'x'), 0600)),
@@ -89,5 +89,6 @@ TEST_CASE("the job's secret comes from one variable", "[unit][auth]") {
   Env both{{"DDPRUN_STORE_SECRET", "value-secret-0123456789"}, {"DDPRUN_STORE_SECRET_FILE", file}};
   CHECK_THROWS_WITH(job_secret(&both), Catch::Contains("set one of them"));
   Env weak{{"DDPRUN_STORE_SECRET", "short"}};
-  CHECK_THROWS_WITH(job_secret(&weak), Catch::Contains("DDPRUN_STORE_SECRET: the store secret has 5"));
+  CHECK_THROWS_WITH(job_secret(&weak),
+                    Catch::Contains("DDPRUN_STORE_SECRET: the store secret has 5"));
 }

@@ -62,7 +62,7 @@ TEST_CASE("who is admitted, who must authenticate, who is refused", "[unit][acce
   CHECK(classify(secret, ip("10.77.0.2")) == Access::admit);
   CHECK(classify(secret, ip("10.9.9.9")) == Access::authenticate);
   CHECK(classify(secret, ip("127.0.0.1")) == Access::authenticate);  // loopback only if listed
-  AccessPolicy round{false, loopback_networks(), true};  // a workers' store, no secret
+  AccessPolicy round{false, loopback_networks(), true};              // a workers' store, no secret
   round.trusted.push_back(parse_cidr("10.77.0.1"));
   CHECK(classify(round, ip("127.0.0.1")) == Access::admit);
   CHECK(classify(round, ip("10.77.0.1")) == Access::admit);
