@@ -9,7 +9,6 @@
 
 #include <cstring>
 
-#include "ddp/proto/auth.hpp"
 #include "ddp/proto/writer.hpp"
 #include "ddp/rdzv/log.hpp"
 #include "dispatch.hpp"
@@ -261,28 +260,6 @@ void Session::process() {
   account();
 }
 
-// Access first: a connection that must authenticate may only VALIDATE, HELLO, PING and AUTH
-// (answered here). True when the request goes on to dispatch.
-bool Session::gate(const proto::Request& req) {
-  Refusal why = Refusal::none;
-  if (!gate_.allows(req.op, why)) {
-    refuse(why);
-    return false;
-  }
-  if (req.op == Op::auth) {
-    why = gate_.authenticate(req, out_);
-    if (why != Refusal::none) {
-      refuse(why);
-      return false;
-    }
-    shared_.auth_ok.fetch_add(1, std::memory_order_relaxed);
-    account();
-    return false;
-  }
-  if (req.op == Op::hello && gate_.wants_nonce(req.u32)) gate_.set_nonce(proto::auth::nonce());
-  return true;
-}
-
 bool Session::handle(const proto::Request& req) {
   if (!gate(req)) return !closing_;
   if (req.op == Op::cancel_wait) {
@@ -395,22 +372,6 @@ void Session::fail(const std::string& why) {
   shared_.protocol_errors.fetch_add(1, std::memory_order_relaxed);
   logger("rdzv").warn("closing connection from {}: {}", peer(), why);
   if (status_prefix_) proto::Writer(out_).u8(proto::kReplyError).bytes(why);
-  closing_ = true;
-  flush();
-}
-
-void Session::refuse(Refusal why) {
-  shared_.audit(why, peer());
-  if (status_prefix_) {
-    proto::Writer(out_)
-        .u8(proto::kReplyError)
-        .bytes(why == Refusal::unauthenticated
-                   ? "authentication required: this store admits only the job's processes; give "
-                     "ddprun's tools the job's secret (DDPRUN_STORE_SECRET or "
-                     "DDPRUN_STORE_SECRET_FILE)"
-                   : "authentication failed (" + std::string(refusal_name(why)) +
-                         "): the secret differs from the store's");
-  }
   closing_ = true;
   flush();
 }
