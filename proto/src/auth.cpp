@@ -1,4 +1,4 @@
-// Authentication proofs (HMAC-SHA256 through OpenSSL's libcrypto), nonces from getrandom, and
+// Authentication proofs (HMAC-SHA256 through OpenSSL's libcrypto), nonces from its CSPRNG, and
 // the job's secret from the environment or a private file (auth.hpp).
 #include "ddp/proto/auth.hpp"
 
@@ -6,7 +6,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <sys/random.h>
+#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,9 +21,8 @@ namespace {
 constexpr std::string_view kClientLabel = "ddprun-auth-v1 client";
 constexpr std::string_view kServerLabel = "ddprun-auth-v1 server";
 
-std::string proof(std::string_view label, std::string_view secret, std::string_view cn,
-                  std::string_view sn) {
-  // Length-prefixed fields: no two (cn, sn) pairs give the same message.
+// Length-prefixed fields: no two (cn, sn) pairs give the same message.
+std::string message(std::string_view label, std::string_view cn, std::string_view sn) {
   std::string msg(label);
   auto field = [&msg](std::string_view f) {
     const std::uint64_t n = f.size();
@@ -32,18 +31,72 @@ std::string proof(std::string_view label, std::string_view secret, std::string_v
   };
   field(cn);
   field(sn);
-  return hmac_sha256(secret, msg);
+  return msg;
 }
+
+const EVP_MD* sha256() {
+  static EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);  // fetched once, never freed
+  if (md == nullptr) DDP_THROW(IoError, "SHA-256 is not available in libcrypto");
+  return md;
+}
+
+constexpr std::size_t kBlock = 64;  // SHA-256's block
 }  // namespace
+
+struct Key::Ctx {
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  ~Ctx() { EVP_MD_CTX_free(md); }
+};
+
+Key::Key(std::string_view secret) : inner_(new Ctx), outer_(new Ctx) {
+  std::string k(secret);
+  if (k.size() > kBlock) {
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_Digest(k.data(), k.size(), d, &n, sha256(), nullptr);
+    k.assign(reinterpret_cast<const char*>(d), n);
+  }
+  k.resize(kBlock, '\0');
+  std::string ipad(kBlock, '\0'), opad(kBlock, '\0');
+  for (std::size_t i = 0; i < kBlock; ++i) {
+    ipad[i] = static_cast<char>(k[i] ^ 0x36);
+    opad[i] = static_cast<char>(k[i] ^ 0x5c);
+  }
+  bool ok = inner_->md && outer_->md && EVP_DigestInit_ex(inner_->md, sha256(), nullptr) &&
+            EVP_DigestUpdate(inner_->md, ipad.data(), kBlock) &&
+            EVP_DigestInit_ex(outer_->md, sha256(), nullptr) &&
+            EVP_DigestUpdate(outer_->md, opad.data(), kBlock);
+  OPENSSL_cleanse(k.data(), k.size());
+  OPENSSL_cleanse(ipad.data(), kBlock);
+  OPENSSL_cleanse(opad.data(), kBlock);
+  if (!ok) {
+    delete inner_;
+    delete outer_;
+    DDP_THROW(IoError, "HMAC-SHA256 key setup failed in libcrypto");
+  }
+}
+
+Key::~Key() {
+  delete inner_;
+  delete outer_;
+}
+
+std::string Key::mac(std::string_view msg) const {
+  Ctx c;
+  unsigned char ih[EVP_MAX_MD_SIZE], out[EVP_MAX_MD_SIZE];
+  unsigned int ni = 0, no = 0;
+  const bool ok = c.md && EVP_MD_CTX_copy_ex(c.md, inner_->md) &&
+                  EVP_DigestUpdate(c.md, msg.data(), msg.size()) &&
+                  EVP_DigestFinal_ex(c.md, ih, &ni) && EVP_MD_CTX_copy_ex(c.md, outer_->md) &&
+                  EVP_DigestUpdate(c.md, ih, ni) && EVP_DigestFinal_ex(c.md, out, &no);
+  if (!ok) DDP_THROW(IoError, "HMAC-SHA256 failed in libcrypto");
+  return std::string(reinterpret_cast<const char*>(out), no);
+}
 
 std::string nonce() {
   std::string out(kNonceBytes, '\0');
-  std::size_t got = 0;
-  while (got < out.size()) {
-    ssize_t n = ::getrandom(out.data() + got, out.size() - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) DDP_THROW(IoError, std::string("getrandom failed: ") + std::strerror(errno));
-    got += static_cast<std::size_t>(n);
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(out.size())) != 1) {
+    DDP_THROW(IoError, "RAND_bytes failed: libcrypto's random generator is not seeded");
   }
   return out;
 }
@@ -61,12 +114,22 @@ std::string hmac_sha256(std::string_view key, std::string_view message) {
 
 std::string client_proof(std::string_view secret, std::string_view client_nonce,
                          std::string_view server_nonce) {
-  return proof(kClientLabel, secret, client_nonce, server_nonce);
+  return hmac_sha256(secret, message(kClientLabel, client_nonce, server_nonce));
 }
 
 std::string server_proof(std::string_view secret, std::string_view client_nonce,
                          std::string_view server_nonce) {
-  return proof(kServerLabel, secret, client_nonce, server_nonce);
+  return hmac_sha256(secret, message(kServerLabel, client_nonce, server_nonce));
+}
+
+std::string client_proof(const Key& key, std::string_view client_nonce,
+                         std::string_view server_nonce) {
+  return key.mac(message(kClientLabel, client_nonce, server_nonce));
+}
+
+std::string server_proof(const Key& key, std::string_view client_nonce,
+                         std::string_view server_nonce) {
+  return key.mac(message(kServerLabel, client_nonce, server_nonce));
 }
 
 bool same(std::string_view a, std::string_view b) {

@@ -128,8 +128,8 @@ void StoreClient::connect() {
 }
 
 // VALIDATE, then HELLO; from version 2 the HELLO reply carries the store's challenge, which
-// AUTH answers. AUTH's reply is not waited for here: it is read before the next reply
-// (finish_auth), so authenticating costs no round trip of its own.
+// AUTH answers. AUTH is sent with the first request and its reply read before that request's
+// (finish_auth), so authenticating costs no round trip and no segment of its own.
 void StoreClient::handshake() {
   buf_.clear();
   Writer w(buf_);
@@ -151,12 +151,14 @@ void StoreClient::handshake() {
   }
   if (opts_.secret.empty() || challenge.empty()) return;
   const std::string mine = proto::auth::nonce();
+  const proto::auth::Key key(opts_.secret);
   Writer(buf_)
       .op(Dialect::v2, Op::auth)
       .bytes(mine)
-      .bytes(proto::auth::client_proof(opts_.secret, mine, challenge));
-  send_request();
-  auth_expect_ = proto::auth::server_proof(opts_.secret, mine, challenge);
+      .bytes(proto::auth::client_proof(key, mine, challenge));
+  // Left in buf_: it goes out in one segment with the first request (one read and one write
+  // for both on each side).
+  auth_expect_ = proto::auth::server_proof(key, mine, challenge);
 }
 
 void StoreClient::finish_auth() {

@@ -20,7 +20,7 @@ std::string_view refusal_name(Refusal r) {
 }
 
 bool Gate::wants_nonce(std::uint32_t version) const {
-  return !secret_.empty() && version >= proto::auth::kAuthVersion;
+  return key_ != nullptr && version >= proto::auth::kAuthVersion;
 }
 
 bool Gate::allows(Op op, Refusal& refusal) const {
@@ -33,7 +33,7 @@ bool Gate::allows(Op op, Refusal& refusal) const {
 
 Refusal Gate::authenticate(const proto::Request& req, std::string& out) {
   proto::Writer w(out);
-  if (secret_.empty()) {  // nothing to prove: an empty server proof says so
+  if (key_ == nullptr) {  // nothing to prove: an empty server proof says so
     w.u8(proto::kReplyOk).bytes("");
     return Refusal::none;
   }
@@ -41,11 +41,11 @@ Refusal Gate::authenticate(const proto::Request& req, std::string& out) {
   used_ = true;
   const std::string_view client_nonce = req.keys.at(0), proof = req.values.at(0);
   if (client_nonce.size() < proto::auth::kNonceBytes ||
-      !proto::auth::same(proof, proto::auth::client_proof(secret_, client_nonce, nonce_))) {
+      !proto::auth::same(proof, proto::auth::client_proof(*key_, client_nonce, nonce_))) {
     return Refusal::bad_proof;
   }
   open_ = true;
-  w.u8(proto::kReplyOk).bytes(proto::auth::server_proof(secret_, client_nonce, nonce_));
+  w.u8(proto::kReplyOk).bytes(proto::auth::server_proof(*key_, client_nonce, nonce_));
   return Refusal::none;
 }
 

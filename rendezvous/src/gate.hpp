@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/decoder.hpp"
 
 namespace ddp::rdzv {
@@ -23,9 +24,9 @@ std::string_view refusal_name(Refusal r);
 
 class Gate {
  public:
-  // `secret`: the server's (empty: none; must outlive the gate). `admitted`: the peer may use
-  // the store without authenticating (a trusted address, or no secret).
-  Gate(std::string_view secret, bool admitted) : secret_(secret), open_(admitted) {}
+  // `key`: the server's secret (null: none; must outlive the gate). `admitted`: the peer may
+  // use the store without authenticating (a trusted address, or no secret).
+  Gate(const proto::auth::Key* key, bool admitted) : key_(key), open_(admitted) {}
 
   bool open() const { return open_; }
   // HELLO: whether its reply carries a fresh nonce (from version 2, when the server has a
@@ -42,7 +43,7 @@ class Gate {
   Refusal authenticate(const proto::Request& req, std::string& out);
 
  private:
-  std::string_view secret_;
+  const proto::auth::Key* key_;
   bool open_;
   std::string nonce_;
   bool used_ = false;

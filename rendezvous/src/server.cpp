@@ -83,7 +83,7 @@ struct StoreServer::Impl {
     shared.max_pending_reply_bytes = opts.max_pending_reply_bytes;
     shared.frame_timeout = opts.frame_timeout;
     shared.max_leases_per_connection = opts.max_leases_per_connection;
-    shared.secret = opts.secret;
+    if (!opts.secret.empty()) shared.key = std::make_unique<proto::auth::Key>(opts.secret);
     shared.policy = AccessPolicy{!opts.secret.empty(), opts.trusted, opts.closed};
     shared.table.set_max_bytes(opts.max_store_bytes);
   }

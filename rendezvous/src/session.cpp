@@ -71,7 +71,7 @@ Session::Session(asio::ip::tcp::socket socket, SharedState& shared, WaiterId id,
       shared_(shared),
       id_(id),
       decoder_(shared.limits),
-      gate_(shared.secret, admitted),
+      gate_(shared.key.get(), admitted),
       frame_timer_(socket_.get_executor()) {}
 
 // TCP_NODELAY and keep-alive come from the listening socket: accepted sockets inherit them.

@@ -42,9 +42,9 @@ struct SharedState {
   // Counted relaxed, one add per request (by kind), per read and per write: no lock.
   std::array<std::atomic<std::uint64_t>, kOpKinds> requests{};
   std::atomic<std::uint64_t> bytes_received{0}, bytes_sent{0};
-  // Access (access.hpp): the secret (fixed at start), the policy (replaced by set_trusted,
+  // Access (access.hpp): the secret's key (fixed at start), the policy (replaced by set_trusted,
   // read at each accept), refusals by reason and their rate-limited log (audit.cpp).
-  std::string secret;
+  std::unique_ptr<const proto::auth::Key> key;  // the secret's (null: none)
   std::mutex policy_mu;
   AccessPolicy policy;
   std::atomic<std::uint64_t> auth_ok{0};

@@ -50,6 +50,14 @@ TEST_CASE("a proof binds the secret, both nonces and its side", "[unit][auth]") 
   // Fields are length-prefixed: moving a byte from one nonce to the other changes the proof.
   CHECK_FALSE(same(client_proof(s, "ab", "c"), client_proof(s, "a", "bc")));
   CHECK_FALSE(same(p, p.substr(0, 31)));
+  // The precomputed key gives the one-shot HMAC's proofs, short and long (> 64 bytes) secrets.
+  for (const std::string& k : {s, std::string(100, 'L')}) {
+    const Key key(k);
+    CHECK(same(client_proof(key, cn, sn), client_proof(k, cn, sn)));
+    CHECK(same(server_proof(key, cn, sn), server_proof(k, cn, sn)));
+  }
+  CHECK(hex(Key("Jefe").mac("what do ya want for nothing?")) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
 TEST_CASE("nonces are fresh", "[unit][auth]") {

@@ -13,6 +13,7 @@ using namespace ddp::proto;
 
 namespace {
 const std::string kSecret = "the-job-secret-0123456789";
+const auth::Key kKey(kSecret);
 
 struct Auth {
   std::string cn = auth::nonce();
@@ -28,18 +29,18 @@ struct Auth {
 }  // namespace
 
 TEST_CASE("before AUTH only VALIDATE, HELLO, PING and AUTH pass", "[unit][gate]") {
-  Gate g(kSecret, false);
+  Gate g(&kKey, false);
   Refusal why = Refusal::none;
   for (Op op : {Op::validate, Op::hello, Op::ping, Op::auth}) CHECK(g.allows(op, why));
   for (Op op : {Op::get, Op::set, Op::add, Op::wait, Op::list_keys, Op::lease_grant}) {
     CHECK_FALSE(g.allows(op, why));
     CHECK(why == Refusal::unauthenticated);
   }
-  CHECK(Gate(kSecret, true).allows(Op::get, why));  // a trusted address
+  CHECK(Gate(&kKey, true).allows(Op::get, why));  // a trusted address
 }
 
 TEST_CASE("a good AUTH opens the gate and proves the server", "[unit][gate]") {
-  Gate g(kSecret, false);
+  Gate g(&kKey, false);
   CHECK(g.wants_nonce(2));
   CHECK_FALSE(g.wants_nonce(1));
   g.set_nonce(auth::nonce());
@@ -56,7 +57,7 @@ TEST_CASE("a wrong secret, a replay, a second AUTH and AUTH without a challenge 
           "[unit][gate]") {
   std::string out;
   {
-    Gate g(kSecret, false);
+    Gate g(&kKey, false);
     g.set_nonce(auth::nonce());
     CHECK(g.authenticate(Auth("another-secret-0123456789", g.nonce()).req, out) ==
           Refusal::bad_proof);
@@ -64,26 +65,26 @@ TEST_CASE("a wrong secret, a replay, a second AUTH and AUTH without a challenge 
   }
   {
     // The transcript of an earlier connection: its proof answers another nonce.
-    Gate earlier(kSecret, false);
+    Gate earlier(&kKey, false);
     earlier.set_nonce(auth::nonce());
     Auth recorded(kSecret, earlier.nonce());
-    Gate g(kSecret, false);
+    Gate g(&kKey, false);
     g.set_nonce(auth::nonce());
     CHECK(g.authenticate(recorded.req, out) == Refusal::bad_proof);
   }
   {
-    Gate g(kSecret, false);
+    Gate g(&kKey, false);
     g.set_nonce(auth::nonce());
     Auth bad("another-secret-0123456789", g.nonce());
     CHECK(g.authenticate(bad.req, out) == Refusal::bad_proof);
     CHECK(g.authenticate(Auth(kSecret, g.nonce()).req, out) == Refusal::no_challenge);  // once
   }
   {
-    Gate g(kSecret, false);  // no HELLO v2 yet: nothing to answer
+    Gate g(&kKey, false);  // no HELLO v2 yet: nothing to answer
     CHECK(g.authenticate(Auth(kSecret, "").req, out) == Refusal::no_challenge);
   }
   {
-    Gate g(kSecret, false);
+    Gate g(&kKey, false);
     g.set_nonce(auth::nonce());
     Auth a(kSecret, g.nonce());
     a.req.keys = {"short"};  // a client nonce under 32 bytes
@@ -94,7 +95,7 @@ TEST_CASE("a wrong secret, a replay, a second AUTH and AUTH without a challenge 
 }
 
 TEST_CASE("a store without a secret answers AUTH with an empty proof", "[unit][gate]") {
-  Gate g("", true);
+  Gate g(nullptr, true);
   CHECK_FALSE(g.wants_nonce(2));
   std::string out;
   CHECK(g.authenticate(Auth(kSecret, "").req, out) == Refusal::none);

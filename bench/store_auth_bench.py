@@ -1,0 +1,105 @@
+"""store_auth_bench: what the store secret costs (issue 22), side by side in one run. The same
+ddprund binary is started without a secret and with one (a mode-600 file), alternating, and
+driven by ddprun's own client (bench/auth_load.cpp: with the secret every client authenticates
+with HMAC-SHA256 challenge-response; without, none does, and the bytes are otherwise the same):
+  - the storm: 4096 clients connect at once, each ADD then WAIT (init_process_group's barrier);
+  - throughput: 64 connections doing GET/SET for --seconds, connections opened in the window.
+torch's clients cannot authenticate, so store_loadgen's raw torch traffic has no part in this.
+Each cell is the median of --reps; the goal is under 5% on both.
+
+Reproduce (after ./scripts/test.sh, or ninja -C build ddprund auth_load):
+  scripts/loopback_only.sh python3 bench/store_auth_bench.py --ddprund build/bin/ddprund \
+      --load build/bin/auth_load --reps 5 --out bench/results/store_auth_bench.json"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+
+def start(ddprund, secret_file):
+    d = tempfile.mkdtemp(prefix="auth-bench-")
+    pf = os.path.join(d, "port")
+    args = [ddprund, "--port", "0", "--port-file", pf, "--http-port", "-1"]
+    if secret_file:
+        args += ["--secret-file", secret_file]
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(1000):
+        if os.path.exists(pf):
+            return p, int(open(pf).read())
+        time.sleep(0.01)
+    raise SystemExit(f"{ddprund} did not start")
+
+
+def measure(args, secret_file, mode):
+    proc, port = start(args.ddprund, secret_file)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DDPRUN_STORE_SECRET")}
+        if secret_file:
+            env["DDPRUN_STORE_SECRET_FILE"] = secret_file
+        cmd = [args.load, "--port", str(port), "--mode", mode]
+        if mode == "storm":
+            cmd += ["--clients", str(args.clients), "--threads", str(args.threads)]
+        else:
+            cmd += ["--conns", str(args.conns), "--seconds", str(args.seconds)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise SystemExit(f"auth_load failed: {out.stderr}")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        return r["seconds"] if mode == "storm" else r["ops_per_s"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprund", default="build/bin/ddprund")
+    ap.add_argument("--load", default="build/bin/auth_load")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--clients", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=128)
+    ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=3)
+    ap.add_argument("--out", default="bench/results/store_auth_bench.json")
+    args = ap.parse_args()
+    d = tempfile.mkdtemp(prefix="auth-bench-secret-")
+    secret_file = os.path.join(d, "secret")
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, os.urandom(32).hex().encode())
+    os.close(fd)
+    runs = {("storm", False): [], ("storm", True): [], ("throughput", False): [],
+            ("throughput", True): []}
+    for rep in range(args.reps):
+        for mode in ("storm", "throughput"):
+            # Alternate which goes first, so that drift does not favour one side.
+            order = (False, True) if rep % 2 == 0 else (True, False)
+            for with_secret in order:
+                v = measure(args, secret_file if with_secret else None, mode)
+                runs[(mode, with_secret)].append(v)
+                print(f"rep {rep} {mode} secret={with_secret}: {v:.4f}", flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    storm_cost = med[("storm", True)] / med[("storm", False)] - 1
+    tp_cost = 1 - med[("throughput", True)] / med[("throughput", False)]
+    result = {
+        "clients": args.clients, "threads": args.threads, "conns": args.conns,
+        "seconds": args.seconds, "reps": args.reps,
+        "runs": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in runs.items()},
+        "median": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in med.items()},
+        "storm_cost": storm_cost, "throughput_cost": tp_cost,
+    }
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\n| workload | without a secret | with a secret | cost |")
+    print("|---|---:|---:|---:|")
+    print(f"| storm, {args.clients} clients: seconds | {med[('storm', False)]:.3f} | "
+          f"{med[('storm', True)]:.3f} | {100 * storm_cost:+.1f}% |")
+    print(f"| {args.conns} connections: ops/s | {med[('throughput', False)]:.0f} | "
+          f"{med[('throughput', True)]:.0f} | {100 * tp_cost:+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
