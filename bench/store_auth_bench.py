@@ -5,7 +5,9 @@ with HMAC-SHA256 challenge-response; without, none does, and the bytes are other
   - the storm: 4096 clients connect at once, each ADD then WAIT (init_process_group's barrier);
   - throughput: 64 connections doing GET/SET for --seconds, connections opened in the window.
 torch's clients cannot authenticate, so store_loadgen's raw torch traffic has no part in this.
-Each cell is the median of --reps; the goal is under 5% on both.
+Each cell is the median of --reps; the goal is under 5% on both. ddprund's own CPU time per
+storm client (from /proc) is reported too: on a 2-core machine shared with the load it is the
+steadier figure.
 
 Reproduce (after ./scripts/test.sh, or ninja -C build ddprund auth_load):
   scripts/loopback_only.sh python3 bench/store_auth_bench.py --ddprund build/bin/ddprund \
@@ -33,6 +35,13 @@ def start(ddprund, secret_file):
     raise SystemExit(f"{ddprund} did not start")
 
 
+def cpu_s(pid):
+    """ddprund's user + system CPU seconds so far (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(args, secret_file, mode):
     proc, port = start(args.ddprund, secret_file)
     try:
@@ -48,7 +57,7 @@ def measure(args, secret_file, mode):
         if out.returncode != 0:
             raise SystemExit(f"auth_load failed: {out.stderr}")
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        return r["seconds"] if mode == "storm" else r["ops_per_s"]
+        return (r["seconds"] if mode == "storm" else r["ops_per_s"]), cpu_s(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -72,15 +81,20 @@ def main():
     os.close(fd)
     runs = {("storm", False): [], ("storm", True): [], ("throughput", False): [],
             ("throughput", True): []}
+    cpu = {k: [] for k in runs}
     for rep in range(args.reps):
         for mode in ("storm", "throughput"):
             # Alternate which goes first, so that drift does not favour one side.
             order = (False, True) if rep % 2 == 0 else (True, False)
             for with_secret in order:
-                v = measure(args, secret_file if with_secret else None, mode)
+                v, c = measure(args, secret_file if with_secret else None, mode)
                 runs[(mode, with_secret)].append(v)
-                print(f"rep {rep} {mode} secret={with_secret}: {v:.4f}", flush=True)
+                cpu[(mode, with_secret)].append(c)
+                print(f"rep {rep} {mode} secret={with_secret}: {v:.4f} (ddprund CPU {c:.2f} s)",
+                      flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    storm_cpu_us = {s: 1e6 * med_cpu[("storm", s)] / args.clients for s in (False, True)}
     storm_cost = med[("storm", True)] / med[("storm", False)] - 1
     tp_cost = 1 - med[("throughput", True)] / med[("throughput", False)]
     result = {
@@ -89,6 +103,9 @@ def main():
         "runs": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in runs.items()},
         "median": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in med.items()},
         "storm_cost": storm_cost, "throughput_cost": tp_cost,
+        "ddprund_cpu_s": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in cpu.items()},
+        "storm_ddprund_cpu_us_per_client": {"none": storm_cpu_us[False],
+                                            "secret": storm_cpu_us[True]},
     }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
@@ -99,6 +116,8 @@ def main():
           f"{med[('storm', True)]:.3f} | {100 * storm_cost:+.1f}% |")
     print(f"| {args.conns} connections: ops/s | {med[('throughput', False)]:.0f} | "
           f"{med[('throughput', True)]:.0f} | {100 * tp_cost:+.1f}% |")
+    print(f"| storm: ddprund CPU per client, µs | {storm_cpu_us[False]:.1f} | "
+          f"{storm_cpu_us[True]:.1f} | {100 * (storm_cpu_us[True] / storm_cpu_us[False] - 1):+.1f}% |")
 
 
 if __name__ == "__main__":

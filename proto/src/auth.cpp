@@ -1,4 +1,4 @@
-// Authentication proofs (HMAC-SHA256 through OpenSSL's libcrypto), nonces from its CSPRNG, and
+// Authentication proofs (HMAC-SHA256 through OpenSSL's libcrypto), nonces from getrandom, and
 // the job's secret from the environment or a private file (auth.hpp).
 #include "ddp/proto/auth.hpp"
 
@@ -6,7 +6,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,8 +95,12 @@ std::string Key::mac(std::string_view msg) const {
 
 std::string nonce() {
   std::string out(kNonceBytes, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(out.size())) != 1) {
-    DDP_THROW(IoError, "RAND_bytes failed: libcrypto's random generator is not seeded");
+  std::size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::getrandom(out.data() + got, out.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) DDP_THROW(IoError, std::string("getrandom failed: ") + std::strerror(errno));
+    got += static_cast<std::size_t>(n);
   }
   return out;
 }
