@@ -33,8 +33,12 @@ void StoreClient::broken(const std::string& why) {
 // HELLO every reply was consumed, so whatever is buffered can only be that error reply.
 void StoreClient::rethrow_refusal() {
   if (!opts_.extensions || fd_ < 0) return;
+  // What was read ahead of the last reply (in_), then what the socket holds.
   char buf[4096];
-  ssize_t n = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+  ssize_t n = static_cast<ssize_t>(std::min(in_.size() - in_pos_, sizeof(buf)));
+  std::memcpy(buf, in_.data() + in_pos_, static_cast<std::size_t>(n));
+  ssize_t more = ::recv(fd_, buf + n, sizeof(buf) - static_cast<std::size_t>(n), MSG_DONTWAIT);
+  if (more > 0) n += more;
   if (n < 9 || static_cast<std::uint8_t>(buf[0]) != proto::kReplyError) return;
   std::uint64_t len = 0;
   std::memcpy(&len, buf + 1, sizeof(len));
@@ -72,21 +76,44 @@ bool StoreClient::wait_readable(Clock::time_point deadline) {
   }
 }
 
+// Replies are read through a small buffer: a reply's fields (status, length, bytes) and the
+// replies that arrived together take one recv, not one each. A read of at least a chunk goes
+// straight into `dst`.
 void StoreClient::read_exact(void* dst, std::size_t n, Clock::time_point deadline) {
+  constexpr std::size_t kChunk = 4096;
   auto* p = static_cast<char*>(dst);
   while (n > 0) {
+    if (in_pos_ < in_.size()) {
+      const std::size_t take = std::min(n, in_.size() - in_pos_);
+      std::memcpy(p, in_.data() + in_pos_, take);
+      in_pos_ += take;
+      p += take;
+      n -= take;
+      continue;
+    }
+    in_.clear();
+    in_pos_ = 0;
     if (!wait_readable(deadline)) {
       broken("no reply within " + std::to_string(opts_.timeout.count()) + " ms");
     }
-    ssize_t r = ::recv(fd_, p, n, 0);
-    if (r < 0 && errno == EINTR) continue;
+    const bool direct = n >= kChunk;
+    if (!direct) in_.resize(kChunk);
+    ssize_t r = direct ? ::recv(fd_, p, n, 0) : ::recv(fd_, in_.data(), kChunk, 0);
+    if (r < 0 && errno == EINTR) {
+      in_.clear();
+      continue;
+    }
     if (r == 0) {
       peer_closed_ = true;
       broken("the server closed the connection");
     }
     if (r < 0) broken(std::string("recv failed: ") + std::strerror(errno));
-    p += r;
-    n -= static_cast<std::size_t>(r);
+    if (direct) {
+      p += r;
+      n -= static_cast<std::size_t>(r);
+    } else {
+      in_.resize(static_cast<std::size_t>(r));
+    }
   }
 }
 

@@ -108,6 +108,8 @@ class StoreClient : public Store {
   int fd_ = -1;
   int wake_fd_ = -1;  // eventfd, written by interrupt()
   std::string buf_;
+  std::string in_;  // read ahead of the current reply: [in_pos_, size) is unread
+  std::size_t in_pos_ = 0;
   bool peer_closed_ = false;  // the last read ended at EOF
   // AUTH was sent with the first request after it and not waited for: its reply (the store's
   // proof, expected to equal this) is read before the next reply.
