@@ -102,15 +102,18 @@ class Cluster:
 
     def scancel(self, jid, *opts):
         """scancel, again (3 tries) when slurmctld was too busy to answer in time ("Socket timed
-        out on send/recv operation", exit 140 on a loaded 2-core machine): a refusal of any
-        other kind fails at once."""
+        out on send/recv operation", exit 140 on a loaded 2-core machine) or scancel failed
+        otherwise while the job still runs (once seen: exit 245, no message kept); a refusal
+        of a job that no longer runs fails at once, with scancel's own words."""
         for attempt in range(3):
             p = subprocess.run(["scancel", *opts, jid], env=self.env, timeout=120,
                                capture_output=True, text=True)
             if p.returncode == 0:
                 return
-            if "timed out" not in p.stderr or attempt == 2:
-                raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
+            busy = "timed out" in p.stderr or self.running(jid)
+            if not busy or attempt == 2:
+                raise AssertionError(f"scancel {' '.join(opts)} {jid}: exit {p.returncode}: "
+                                     f"{p.stdout}{p.stderr}")
             time.sleep(2)
 
     def cancel_quietly(self, jid):
