@@ -13,7 +13,7 @@ with_torch=0
 
 packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
           libboost-filesystem-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
-          libgloo-dev libopenblas-dev zlib1g-dev libhwloc-dev dataset-fashion-mnist fortunes
+          libgloo-dev libopenblas-dev zlib1g-dev libssl-dev libhwloc-dev dataset-fashion-mnist fortunes
           clang libclang-rt-14-dev clang-format python3 python3-venv iproute2 util-linux elfutils
           etcd-server etcd-client)
 # The tests also start a real local Slurm cluster (tests/slurm, ../shared/infra/local_slurm.sh).
