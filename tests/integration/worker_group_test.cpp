@@ -291,8 +291,8 @@ TEST_CASE("spawn_workers gives each worker its own progress pipe", "[integration
   CHECK_FALSE(progress.ranks().at(1).reported);
 
   // Rank 1 has said nothing: until it has exec'd, /proc shows the forked agent's environment
-  // and fds, not the worker's (a race under load).
-  for (int i = 0; i < 100; ++i) {
+  // and fds, not the worker's (a race under load; under TSan a fork and exec took over 5 s).
+  for (int i = 0; i < 400; ++i) {
     bool both = true;
     for (pid_t pid : workers.pids()) both = both && !env_of(pid, "DDPRUN_PROGRESS_FD").empty();
     if (both) break;
