@@ -15,6 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 scripts/setup.sh --with-torch || exit 1
+setup_s=$SECONDS
 venv="${DDP_TORCH_VENV:-$HOME/.cache/ddprun/torch-venv}"
 export PATH="/usr/local/cuda/bin:$PATH"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -23,17 +24,24 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 
 passed=0 failed=0 skipped=0
-note() { printf '\n=== %s ===\n' "$*"; }
+# Each phase's wall time, printed at the end ("times: ..."), so a slow phase shows by name.
+phase_names=() phase_start=$SECONDS times=""
+note() {
+  [[ ${#phase_names[@]} -gt 0 ]] && times+="${phase_names[-1]%%.*}:$((SECONDS - phase_start))s "
+  phase_names+=("$1"); phase_start=$SECONDS
+  printf '\n=== %s === (%d s since start)\n' "$*" "$SECONDS"
+}
 # Runs ctest in dir $1 (extra args after), adding its counts to the totals.
 run_ctest() {
   local dir=$1; shift
-  local log; log=$(mktemp)
+  local log; log=$(mktemp) t0=$SECONDS
   (cd "$dir" && "$root/scripts/loopback_only.sh" ctest --output-on-failure --no-tests=error -j2 "$@") \
     2>&1 | tee "$log"
   local total fails skips
   total=$(sed -nE 's/.*tests failed out of ([0-9]+).*/\1/p' "$log" | tail -1)
   fails=$(sed -nE 's/.* ([0-9]+) tests failed out of.*/\1/p' "$log" | tail -1)
   skips=$(grep -cE '\*\*\*Skipped|Not Run' "$log")
+  times+="(tests-$dir:$((SECONDS - t0))s) "
   if [[ -z "$total" ]]; then failed=$((failed + 1)); rm -f "$log"; return; fi
   passed=$((passed + total - fails - skips)); failed=$((failed + fails)); skipped=$((skipped + skips))
   rm -f "$log"
@@ -138,6 +146,8 @@ fmt() {
 }
 step "clang-format" fmt
 
+note "end"
 echo
+echo "times: setup:${setup_s}s ${times}total:${SECONDS}s"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]
