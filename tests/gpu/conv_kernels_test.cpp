@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "../support/random_floats.hpp"
+#include "support/random_floats.hpp"
 #include "ddp/kernels/conv_ops.hpp"
 #include "ddp/kernels/conv_ref.hpp"
 #include "ddp/proto/error.hpp"

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "../support/random_floats.hpp"
+#include "support/random_floats.hpp"
 #include "engine.hpp"
 
 using namespace ddp::train;

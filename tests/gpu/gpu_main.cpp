@@ -1,10 +1,10 @@
 // main() of the GPU tests: without a CUDA device it says so and exits 77, which ctest reports
-// as "Skipped" (never as passed); with one it runs the Catch2 suite.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// as "Skipped" (never as passed); with one it runs the Catch2 suite (Catch2's implementation
+// is tests/support/catch_impl.cpp).
 #include <cstdio>
 
 #include "ddp/kernels/device.hpp"
+#include "support/catch_run.hpp"
 
 int main(int argc, char** argv) {
   int n = ddp::kernels::cuda_device_count();
@@ -15,5 +15,5 @@ int main(int argc, char** argv) {
   for (int i = 0; i < n; ++i) {
     std::printf("GPU %d: %s\n", i, ddp::kernels::cuda_device_description(i).c_str());
   }
-  return Catch::Session().run(argc, argv);
+  return ddp_catch_run(argc, argv);
 }

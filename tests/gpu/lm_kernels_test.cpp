@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "../support/random_floats.hpp"
+#include "support/random_floats.hpp"
 #include "ddp/kernels/lm_ops.hpp"
 #include "ddp/kernels/lm_ref.hpp"
 #include "ddp/proto/error.hpp"

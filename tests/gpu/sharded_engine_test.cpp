@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "../support/random_floats.hpp"
-#include "../support/comm_job.hpp"
-#include "../support/ranks.hpp"
+#include "support/random_floats.hpp"
+#include "support/comm_job.hpp"
+#include "support/ranks.hpp"
 #include "ddp/kernels/device.hpp"
 #include "ddp/worker/comm.hpp"
 #include "engine.hpp"

@@ -4,9 +4,9 @@
 // against a plain reference; the rank-order sum they document; counts that are named errors.
 #include <catch2/catch.hpp>
 
-#include "../support/ranks.hpp"
-#include "../support/comm_job.hpp"
-#include "../support/store_fixture.hpp"
+#include "support/ranks.hpp"
+#include "support/comm_job.hpp"
+#include "support/store_fixture.hpp"
 #include <cstring>
 #include <functional>
 #include <string>

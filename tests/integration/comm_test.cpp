@@ -7,9 +7,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "../support/ranks.hpp"
-#include "../support/comm_job.hpp"
-#include "../support/store_fixture.hpp"
+#include "support/ranks.hpp"
+#include "support/comm_job.hpp"
+#include "support/store_fixture.hpp"
 #include <atomic>
 #include <cmath>
 #include <functional>

@@ -9,8 +9,8 @@
 #include <set>
 #include <thread>
 
-#include "../support/etcd_fixture.hpp"
-#include "../support/ranks.hpp"
+#include "support/etcd_fixture.hpp"
+#include "support/ranks.hpp"
 #include "ddp/launch/rendezvous.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/etcd/store.hpp"

@@ -3,7 +3,7 @@
 // server's request count, read after a round trip on the node's own connection, gives each
 // node's exact cost per call. The leader collects what every node published, nothing waits for
 // a node that has not published, and the in-memory bus of a one-node job behaves the same.
-#include "../support/store_fixture.hpp"
+#include "support/store_fixture.hpp"
 #include "ddp/launch/health.hpp"
 
 #include <catch2/catch.hpp>

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../support/raw_socket.hpp"
-#include "../support/store_fixture.hpp"
+#include "support/raw_socket.hpp"
+#include "support/store_fixture.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/status/http_server.hpp"
 

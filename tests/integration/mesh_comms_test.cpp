@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "../support/comm_job.hpp"
-#include "../support/ranks.hpp"
+#include "support/comm_job.hpp"
+#include "support/ranks.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
 #include "mesh.hpp"

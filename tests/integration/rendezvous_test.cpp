@@ -4,8 +4,8 @@
 // that learns the run id is used up; a static node rank claimed twice is named; a round that
 // never fills times out with the count; the store operations per agent do not grow with N;
 // and the same rounds over an in-process MemoryStore (no sockets).
-#include "../support/ranks.hpp"
-#include "../support/store_fixture.hpp"
+#include "support/ranks.hpp"
+#include "support/store_fixture.hpp"
 #include "ddp/launch/rendezvous.hpp"
 
 #include "ddp/launch/liveness.hpp"

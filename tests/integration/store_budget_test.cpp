@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "../support/hex.hpp"
-#include "../support/raw_socket.hpp"
-#include "../support/store_fixture.hpp"
+#include "support/hex.hpp"
+#include "support/raw_socket.hpp"
+#include "support/store_fixture.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/kv_table.hpp"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "../support/ranks.hpp"
+#include "support/ranks.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/memory_store.hpp"

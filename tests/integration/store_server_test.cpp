@@ -4,9 +4,9 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "../support/hex.hpp"
-#include "../support/raw_socket.hpp"
-#include "../support/store_fixture.hpp"
+#include "support/hex.hpp"
+#include "support/raw_socket.hpp"
+#include "support/store_fixture.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/server.hpp"

@@ -117,7 +117,7 @@ def test_bad_flags_exit_2():
     assert p.returncode == 2
     assert "--node-rank=2 is not below --nnodes=2" in p.stderr
     # An unknown macro in --log-line-prefix-template is left as written, as torchrun does
-    # (tests/unit/launch/round_test.cpp), so it is no longer a bad flag.
+    # (tests/unit/launcher/rendezvous/round_test.cpp), so it is no longer a bad flag.
 
 
 def test_static_backend_on_port_0_is_an_error_not_a_hang():

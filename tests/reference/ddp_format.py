@@ -1,9 +1,9 @@
 """ddp_format: ddp-train's data formats and conventions in Python, for PyTorch references that
 must train the same model from the same weights on the same data order as ddp-train.
 
-- DDPSNAP1 snapshots (docs/ddp_train.md "Snapshots", worker_runtime/train/snapshot.cpp):
+- DDPSNAP1 snapshots (docs/ddp_train.md "Snapshots", worker_runtime/train/snapshot/snapshot.cpp):
   read_snapshot / write_snapshot / fresh_snapshot, FNV-1a 64 (fnv1a64).
-- The sampler (worker_runtime/train/sampler.cpp): SplitMix64(seed + epoch) Fisher-Yates, padded
+- The sampler (worker_runtime/train/model/sampler.cpp): SplitMix64(seed + epoch) Fisher-Yates, padded
   to a multiple of the world size by repeating the start, rank r takes positions r, r + W, ...
   (shard_indices), and its batches (rank_batches).
 - Fashion-MNIST from the IDX files, gzipped or not, pixels * (1/255) in float32 as data.cpp

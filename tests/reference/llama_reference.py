@@ -1,5 +1,5 @@
 """llama_reference: the PyTorch reference for `ddp-train --model llama`: the LLaMA-style decoder of
-worker_runtime/train/lm_spec.hpp (the seed's llama2_model.py at byte vocabulary) from the same
+worker_runtime/train/lm/lm_spec.hpp (the seed's llama2_model.py at byte vocabulary) from the same
 initial values, on the same batches of the same text (lm_data.hpp), trained with tensor
 parallelism and FSDP2 on a 2-D mesh on the CPU over gloo.
 

@@ -1,5 +1,5 @@
 """llama_spec: ddp-train's LLaMA-style model and its text in numpy, for the PyTorch reference
-(llama_reference.py) and for tests: what worker_runtime/train/lm_spec.hpp and lm_data.hpp say,
+(llama_reference.py) and for tests: what worker_runtime/train/lm/lm_spec.hpp and lm_data.hpp say,
 computed the same way.
 
 - splitmix64 (vectorised over numpy uint64, wrapping) and the counter-based initial values

@@ -1,3 +1,4 @@
-// Catch2 v2's main(), compiled once and shared by the test executables.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// main() of the test suites: the Catch2 session with the command line (catch_impl.cpp).
+#include "support/catch_run.hpp"
+
+int main(int argc, char** argv) { return ddp_catch_run(argc, argv); }

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "../../support/random_floats.hpp"
+#include "support/random_floats.hpp"
 #include "ddp/kernels/conv_ref.hpp"
 #include "ddp/proto/error.hpp"
 

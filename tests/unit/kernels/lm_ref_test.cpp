@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "../../support/random_floats.hpp"
+#include "support/random_floats.hpp"
 #include "ddp/kernels/lm_ref.hpp"
 
 namespace cpu = ddp::kernels::cpu;

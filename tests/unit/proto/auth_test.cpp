@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "../../support/hex.hpp"
+#include "support/hex.hpp"
 #include "ddp/proto/error.hpp"
 
 using namespace ddp::proto::auth;

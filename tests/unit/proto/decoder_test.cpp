@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "../../support/hex.hpp"
+#include "support/hex.hpp"
 #include "ddp/proto/writer.hpp"
 
 using namespace ddp::proto;

@@ -6,7 +6,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "../../support/group_info.hpp"
+#include "support/group_info.hpp"
 #include "ddp/launch/worker_env.hpp"
 #include "ddp/proto/error.hpp"
 

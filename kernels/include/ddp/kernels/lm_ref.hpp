@@ -1,6 +1,6 @@
 // The element-wise parts of ddp-train's LLaMA-style transformer on the CPU (issue 20): token
 // embedding, RMSNorm, rotary position embeddings, causal attention, SwiGLU and the language-model
-// cross-entropy, each forward and backward. The CPU engine (worker_runtime/train/lm_model.cpp)
+// cross-entropy, each forward and backward. The CPU engine (worker_runtime/train/lm/lm_model.cpp)
 // uses them between its BLAS matrix products, and they are the references the CUDA kernels
 // (lm_ops.hpp) are checked against. Row-major buffers; a "row" is one token of one sequence, so
 // rows = batch * seq and the token at row r sits at position r % seq of its sequence. No

@@ -1,6 +1,6 @@
 // A worker's progress to its agent: ddprun hands each worker the write end of a non-blocking
 // pipe and names it in DDPRUN_PROGRESS_FD (the line protocol is the agent's,
-// launcher/include/ddp/launch/progress.hpp). ProgressWriter writes one short line per call,
+// launcher/health/include/ddp/launch/progress.hpp). ProgressWriter writes one short line per call,
 // "step=<n> phase=<word> t=<unix seconds>[ samples=<n>][ total=<n>]\n" (samples: this rank's
 // samples in the step; total: the run's steps, for the ETA), with one write(2) and no
 // allocation. It never blocks and never throws: a full pipe drops the line (the next one carries
