@@ -72,9 +72,21 @@ def launch(launcher, tmp, script, flags=(), timeout=90, preexec_fn=None, env_ext
         _, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
+        kill_workers_in(tmp)  # torchrun's outlive it, and hold stderr open
         _, err = p.communicate()
         return None, err, time.monotonic() - t0
     return p.returncode, err, time.monotonic() - t0
+
+
+def kill_workers_in(folder):
+    """SIGKILLs the processes whose working folder is `folder`: this case's workers, which run
+    in process groups of their own."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(folder):
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def tail(text, pattern):

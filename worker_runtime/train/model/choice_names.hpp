@@ -1,5 +1,6 @@
 // A choice's names in one table (enum value <-> the word a user types), and the lookups every
-// option parser of ddp-train uses: name_of, find (no throw) and parse (ConfigError naming the flag).
+// option parser of ddp-train uses: name_of, find (no throw) and parse (ConfigError naming the
+// flag).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +40,5 @@ E parse(const Name<E> (&table)[N], std::string_view word, const char* flag, cons
   if (auto v = find(table, word)) return *v;
   throw ConfigError(std::string(flag) + " '" + std::string(word) + "': expected " + choices);
 }
-
 
 }  // namespace ddp::train::choice_names

@@ -15,10 +15,10 @@
 namespace ddp::train {
 namespace {
 constexpr choice_names::Name<ModelKind> kModels[] = {{ModelKind::mlp, "mlp"},
-                                       {ModelKind::autoencoder, "autoencoder"},
-                                       {ModelKind::linear, "linear"},
-                                       {ModelKind::convnet, "convnet"},
-                                       {ModelKind::llama, "llama"}};
+                                                     {ModelKind::autoencoder, "autoencoder"},
+                                                     {ModelKind::linear, "linear"},
+                                                     {ModelKind::convnet, "convnet"},
+                                                     {ModelKind::llama, "llama"}};
 }  // namespace
 
 std::string to_string(ModelKind m) { return choice_names::name_of(kModels, m); }
@@ -26,7 +26,8 @@ std::optional<ModelKind> model_named(std::string_view name) {
   return choice_names::find(kModels, name);
 }
 ModelKind parse_model(std::string_view name) {
-  return choice_names::parse(kModels, name, "--model", "mlp, autoencoder, linear, convnet or llama");
+  return choice_names::parse(kModels, name, "--model",
+                             "mlp, autoencoder, linear, convnet or llama");
 }
 
 namespace cpu = ddp::kernels::cpu;

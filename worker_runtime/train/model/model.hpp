@@ -19,13 +19,7 @@
 
 namespace ddp::train {
 
-enum class ModelKind {
-  mlp,
-  autoencoder,
-  linear,
-  convnet,
-  llama
-};  // --model
+enum class ModelKind { mlp, autoencoder, linear, convnet, llama };  // --model
 // A model's name ("mlp", ...), and back: model_named gives nullopt for an unknown name (names read
 // from a snapshot), parse_model throws ConfigError "--model 'x': expected mlp, autoencoder, linear,
 // convnet or llama".

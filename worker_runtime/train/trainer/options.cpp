@@ -18,8 +18,8 @@
 namespace ddp::train {
 namespace {
 
-using choice_names::Name;
 using choice_names::find;
+using choice_names::Name;
 using choice_names::name_of;
 using choice_names::parse;
 

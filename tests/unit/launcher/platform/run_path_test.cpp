@@ -6,16 +6,14 @@
 
 #include "ddp/launch/run_path.hpp"
 #include "ddp/launch/worker_env.hpp"
+#include "support/launch_config.hpp"
 
 using namespace ddp::launch;
 
 namespace {
 
 LaunchConfig config(std::vector<std::string> args) {
-  args.insert(args.begin(), "ddprun");
-  auto r = parse_launch_args(args, {});
-  REQUIRE(r.config.has_value());
-  return *r.config;
+  return ddp::test::parsed_config(std::move(args));
 }
 
 }  // namespace

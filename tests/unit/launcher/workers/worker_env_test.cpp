@@ -7,16 +7,14 @@
 #include "ddp/proto/error.hpp"
 
 #include "support/group_info.hpp"
+#include "support/launch_config.hpp"
 
 using namespace ddp::launch;
 
 namespace {
 
 LaunchConfig config(std::vector<std::string> args) {
-  args.insert(args.begin(), "ddprun");
-  auto r = parse_launch_args(args, {});
-  REQUIRE(r.config.has_value());
-  return *r.config;
+  return ddp::test::parsed_config(std::move(args));
 }
 
 GroupInfo two_nodes_second() { return ddp::test::second_of_two_nodes("node0", 41234, "job1"); }

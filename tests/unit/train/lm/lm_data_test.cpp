@@ -18,31 +18,14 @@
 #include <vector>
 
 #include "ddp/proto/error.hpp"
+#include "support/temp_dir.hpp"
 #include "lm_spec.hpp"
 
 namespace fs = std::filesystem;
 using namespace ddp::train;
+using ddp::test::TempDir;
 
 namespace {
-
-// A fresh folder under /tmp, removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_lm_data_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = path + "/" + name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-};
 
 std::vector<std::uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 
@@ -92,7 +75,7 @@ TEST_CASE("lm_data: the fortunes folder loads its text files in name order, 90/1
 }
 
 TEST_CASE("lm_data: a file path is read whole, whatever its name", "[unit][train][lm_data]") {
-  TempDir dir;
+  TempDir dir("ddp_lm_data");
   const std::string text = letters(100);
   const std::string file = dir.write("some.text.txt", text);
   const TextCorpus c = load_corpus(file, 0.2, 8);
@@ -103,7 +86,7 @@ TEST_CASE("lm_data: a file path is read whole, whatever its name", "[unit][train
 
 TEST_CASE("lm_data: a folder's text files are read in name order, .dat, .u8 and folders skipped",
           "[unit][train][lm_data]") {
-  TempDir dir;
+  TempDir dir("ddp_lm_data");
   dir.write("b", letters(30, 'b'));
   dir.write("a", letters(30, 'a'));
   dir.write("C", letters(30, 'c'));  // 'C' sorts before 'a'
@@ -123,7 +106,7 @@ TEST_CASE("lm_data: a folder's text files are read in name order, .dat, .u8 and 
 }
 
 TEST_CASE("lm_data: load_corpus errors name the path and what is wrong", "[unit][train][lm_data]") {
-  TempDir dir;
+  TempDir dir("ddp_lm_data");
   const std::string missing = dir.path + "/nope";
   CHECK_THROWS_AS(load_corpus(missing, 0.1, 8), ddp::ConfigError);
   CHECK_THROWS_WITH(load_corpus(missing, 0.1, 8),
@@ -150,7 +133,7 @@ TEST_CASE("lm_data: load_corpus errors name the path and what is wrong", "[unit]
 
 TEST_CASE("lm_data: the split keeps floor(n * val_fraction) bytes for validation",
           "[unit][train][lm_data]") {
-  TempDir dir;
+  TempDir dir("ddp_lm_data");
   struct Case {
     std::size_t n;
     double fraction;

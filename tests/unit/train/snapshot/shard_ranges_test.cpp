@@ -16,42 +16,19 @@
 #include <vector>
 
 #include "ddp/proto/error.hpp"
+#include "support/temp_dir.hpp"
+#include "support/layer_slots.hpp"
 #include "shard_layout.hpp"
 #include "shard_snapshot.hpp"
 #include "snapshot.hpp"
 
 namespace fs = std::filesystem;
 using namespace ddp::train;
+using ddp::test::slots_of;
+using ddp::test::TempDir;
 using nlohmann::json;
 
 namespace {
-
-// A fresh folder under /tmp, removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_shard_ranges_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-// Slots of the given sizes (forward order) in the flat layout: the last layer first.
-std::vector<LayerSlot> slots_of(const std::vector<std::size_t>& sizes) {
-  std::vector<LayerSlot> slots(sizes.size());
-  std::size_t off = 0;
-  for (std::size_t k = sizes.size(); k-- > 0;) {
-    slots[k].w = off;
-    slots[k].b = off + sizes[k] / 2;
-    slots[k].end = off + sizes[k];
-    off = slots[k].end;
-  }
-  return slots;
-}
 
 const std::vector<std::size_t> kSizes = {12, 9, 5, 0, 7, 1, 10};
 
@@ -269,7 +246,7 @@ TEST_CASE("shard ranges: a 2x2-mesh snapshot reads back whole, in slices and res
           "[unit][train][shard_ranges]") {
   const int pieces = GENERATE(0, 1, 2);
   CAPTURE(pieces);
-  TempDir dir;
+  TempDir dir("ddp_shard_ranges");
   const std::string path = dir.path + "/lm.bin";
   const Whole w(100.0f, pieces);
   save_ranged(path, w, 12, kMesh);
@@ -307,7 +284,7 @@ TEST_CASE("shard ranges: a 2x2-mesh snapshot reads back whole, in slices and res
 
 TEST_CASE("shard ranges: the commit refuses ranges that do not tile, bad layouts, absent files",
           "[unit][train][shard_ranges]") {
-  TempDir dir;
+  TempDir dir("ddp_shard_ranges");
   const std::string path = dir.path + "/c.bin";
   const Whole w(5.0f, 1);
   save_ranged(path, w, 3, kMesh);
@@ -347,7 +324,7 @@ TEST_CASE("shard ranges: the commit refuses ranges that do not tile, bad layouts
 
 TEST_CASE("shard ranges: a bad ranged index or shard file is a ConfigError naming it",
           "[unit][train][shard_ranges]") {
-  TempDir dir;
+  TempDir dir("ddp_shard_ranges");
   const Whole w(3.0f, 2);
   auto fresh = [&](const std::string& name) {
     const std::string path = dir.path + "/" + name;
@@ -416,7 +393,7 @@ TEST_CASE("shard ranges: a bad ranged index or shard file is a ConfigError namin
 
 TEST_CASE("shard ranges: an even-cut or replicated snapshot still reads, with no layout",
           "[unit][train][shard_ranges]") {
-  TempDir dir;
+  TempDir dir("ddp_shard_ranges");
   const Whole w(-8.0f, 2);
   const std::string path = dir.path + "/old.bin";
   std::vector<std::uint64_t> sums;

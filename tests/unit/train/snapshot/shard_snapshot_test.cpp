@@ -11,41 +11,18 @@
 #include <vector>
 
 #include "ddp/proto/error.hpp"
+#include "support/temp_dir.hpp"
+#include "support/layer_slots.hpp"
 #include "shard_layout.hpp"
 #include "shard_snapshot.hpp"
 #include "snapshot.hpp"
 
 namespace fs = std::filesystem;
 using namespace ddp::train;
+using ddp::test::slots_of;
+using ddp::test::TempDir;
 
 namespace {
-
-// A fresh folder under /tmp, removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_shard_snapshot_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-// Slots of the given sizes (forward order) in the flat layout: the last layer first.
-std::vector<LayerSlot> slots_of(const std::vector<std::size_t>& sizes) {
-  std::vector<LayerSlot> slots(sizes.size());
-  std::size_t off = 0;
-  for (std::size_t k = sizes.size(); k-- > 0;) {
-    slots[k].w = off;
-    slots[k].b = off + sizes[k] / 2;
-    slots[k].end = off + sizes[k];
-    off = slots[k].end;
-  }
-  return slots;
-}
 
 const std::vector<std::size_t> kSizes = {7, 13, 0, 1, 40};  // an empty and a tiny slot
 constexpr int kPieces = 2;
@@ -142,7 +119,7 @@ bool temp_files_in(const std::string& dir) {
 
 TEST_CASE("shard snapshot: written at world 4, read at worlds 1 to 8",
           "[unit][train][shard_snapshot]") {
-  TempDir dir;
+  TempDir dir("ddp_shard_snapshot");
   const std::string path = dir.path + "/ckpt.bin";
   const Whole w(1000.0f);
   CHECK_FALSE(SnapshotReader::open(path, w.slots).has_value());
@@ -184,7 +161,7 @@ TEST_CASE("shard snapshot: written at world 4, read at worlds 1 to 8",
 
 TEST_CASE("shard snapshot: a replicated snapshot reads back sharded",
           "[unit][train][shard_snapshot]") {
-  TempDir dir;
+  TempDir dir("ddp_shard_snapshot");
   const std::string path = dir.path + "/replicated.bin";
   const Whole w(-50.0f);
   Snapshot s;
@@ -218,7 +195,7 @@ TEST_CASE("shard snapshot: a replicated snapshot reads back sharded",
 
 TEST_CASE("shard snapshot: a bad index or shard file is a ConfigError naming it",
           "[unit][train][shard_snapshot]") {
-  TempDir dir;
+  TempDir dir("ddp_shard_snapshot");
   const Whole w(3.0f);
   auto fresh = [&](const std::string& name) {
     const std::string path = dir.path + "/" + name;
@@ -274,7 +251,7 @@ TEST_CASE("shard snapshot: a bad index or shard file is a ConfigError naming it"
 
 TEST_CASE("shard snapshot: a commit removes the previous step, a step saved again is replaced",
           "[unit][train][shard_snapshot]") {
-  TempDir dir;
+  TempDir dir("ddp_shard_snapshot");
   const std::string path = dir.path + "/run.bin";
   const std::string shards = dir.path + "/run.bin.shards";
   const Whole w(10.0f);
