@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "support/etcd_fixture.hpp"
+#include "support/skip.hpp"
 #include "support/ranks.hpp"
 #include "ddp/launch/rendezvous.hpp"
 #include "ddp/proto/error.hpp"
@@ -19,10 +20,9 @@ using namespace std::chrono_literals;
 using ddp::rdzv::etcd::EtcdStore;
 using ddp::test::EtcdCluster;
 
-#define NEEDS_ETCD()                                                                \
-  if (!ddp::test::etcd_available()) {                                               \
-    WARN("SKIPPED: /usr/bin/etcd is not installed (scripts/setup.sh installs it)"); \
-    return;                                                                         \
+#define NEEDS_ETCD()                                                           \
+  if (!ddp::test::etcd_available()) {                                          \
+    DDP_SKIP("/usr/bin/etcd is not installed (scripts/setup.sh installs it)"); \
   }
 
 namespace {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include "support/skip.hpp"
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -122,8 +123,7 @@ const char* kFakeEuStack =
 TEST_CASE("py-spy: a sleeping interpreter's Python frames", "[launch][integration]") {
   const std::string python = venv_bin() + "/python";
   if (!executable(python) || !executable(venv_bin() + "/py-spy")) {
-    WARN("skipped: no " << python << " or py-spy next to it (scripts/setup.sh --with-torch)");
-    return;
+    DDP_SKIP("no " << python << " or py-spy next to it (scripts/setup.sh --with-torch)");
   }
   Child py({python, "-c",
             "import time\n"
@@ -146,8 +146,7 @@ TEST_CASE("py-spy: a sleeping interpreter's Python frames", "[launch][integratio
 TEST_CASE("eu-stack: native frames of sleep, after py-spy says it is not Python",
           "[launch][integration]") {
   if (!executable("/usr/bin/eu-stack")) {
-    WARN("skipped: no /usr/bin/eu-stack (Debian's elfutils; scripts/setup.sh installs it)");
-    return;
+    DDP_SKIP("no /usr/bin/eu-stack (Debian's elfutils; scripts/setup.sh installs it)");
   }
   Child sl({"sleep", "30"});
   // posix_spawnp returns once exec succeeded: the pid runs coreutils' sleep.

@@ -3,6 +3,7 @@
 // get_expired_timers, clear_timers), and the FIFO itself: plain writes, then torch's real
 // client from the test venv (skipped, with a warning, when the venv is missing).
 #include <catch2/catch.hpp>
+#include "support/skip.hpp"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -322,8 +323,7 @@ TEST_CASE("file timer: lines written into the FIFO reach the table", "[unit][fil
 TEST_CASE("file timer: torch's own FileTimerClient talks to the server", "[unit][file_timer]") {
   const auto python = venv_python();
   if (python.empty() || ::access(python.c_str(), X_OK) != 0) {
-    WARN("skipped: no torch venv python at '" << python << "' (scripts/setup.sh makes it)");
-    return;
+    DDP_SKIP("no torch venv python at '" << python << "' (scripts/setup.sh makes it)");
   }
   TempDir dir;
   const auto fifo = dir.path / "watchdog";
