@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: install (torch 2.x venv included), then
-#   1. build/       warnings as errors; unit, integration, interop (torch 2.x, torch 1.13,
-#                   torchrun) and the GPU suite (skipped without a GPU) under ctest
+#   1. build/       warnings as errors; unit, integration, hostile, layout and the GPU suite
+#                   (skipped without a GPU) under ctest
 #   1b. tests/slurm: the sbatch scripts in slurm/ on a real local 2-node Slurm cluster
+#   1c. scripts/mutants.py: a few chosen conditions flipped one at a time, their tests must fail
 #   2. build-asan/  ASan+UBSan build of the CPU tests (unit + integration), and the interop
-#                   suites against the sanitized ddprund
+#                   suites (torch 2.x, torch 1.13, torchrun, PyTorch references) against the
+#                   sanitized binaries: they run once, here (docs/decisions.md)
 #   2b. build-tsan/ ThreadSanitizer build of unit + integration
 #   3. build-fuzz/  clang libFuzzer run of the decoder+dispatch for $DDP_FUZZ_SECONDS (60)
 #   4. build-cuda/  DDP_WITH_CUDA=ON: the CUDA code compiles and links (when nvcc exists)
 #   5. clang-format --dry-run over every C++/CUDA file
-# Tests run in a network namespace with only loopback (scripts/loopback_only.sh).
+# Every tree is a unity build (8 sources a unit) and the sanitized ones compile at -O1: the cold
+# run's figures are in docs/testing.md. Tests run in a network namespace with only loopback
+# (scripts/loopback_only.sh).
 # Ends with one line: "tests: N passed, M failed, K skipped".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,29 +35,38 @@ note() {
   phase_names+=("$1"); phase_start=$SECONDS
   printf '\n=== %s === (%d s since start)\n' "$*" "$SECONDS"
 }
-# Runs ctest in dir $1 (extra args after), adding its counts to the totals.
+# A tool the set-up installs and a test finds missing fails the run (tests/support/skip.hpp,
+# tests/support/pytest_tools.py): here a missing tool is a broken set-up.
+export DDP_REQUIRE_TOOLS=1
+skip_lines=""  # every skip's "skipped: SUITE: TEST: REASON", printed at the end
+# Runs ctest in dir $1 (extra args after), adding its counts to the totals: each pytest file's
+# tests one by one (tests/conftest.py reports them; scripts/count_tests.py reads both).
 run_ctest() {
   local dir=$1; shift
-  local log; log=$(mktemp) t0=$SECONDS
-  (cd "$dir" && "$root/scripts/loopback_only.sh" ctest --output-on-failure --no-tests=error -j2 "$@") \
-    2>&1 | tee "$log"
-  local total fails skips
-  total=$(sed -nE 's/.*tests failed out of ([0-9]+).*/\1/p' "$log" | tail -1)
-  fails=$(sed -nE 's/.* ([0-9]+) tests failed out of.*/\1/p' "$log" | tail -1)
-  skips=$(grep -cE '\*\*\*Skipped|Not Run' "$log")
+  local log report t0=$SECONDS
+  log=$(mktemp) report=$(mktemp)
+  (cd "$dir" && DDP_TEST_REPORT="$report" \
+     "$root/scripts/loopback_only.sh" ctest --output-on-failure --no-tests=error -j2 "$@") 2>&1 | tee "$log"
   times+="(tests-$dir:$((SECONDS - t0))s) "
-  if [[ -z "$total" ]]; then failed=$((failed + 1)); rm -f "$log"; return; fi
-  passed=$((passed + total - fails - skips)); failed=$((failed + fails)); skipped=$((skipped + skips))
-  rm -f "$log"
+  local counts p f s
+  if grep -qE 'tests failed out of [0-9]+' "$log" && counts=$(scripts/count_tests.py "$log" "$report"); then
+    read -r p f s <<<"$(head -1 <<<"$counts")"
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    skip_lines+=$(tail -n +2 <<<"$counts" | sed "s|^skipped: |skipped ($dir): |")$'\n'
+  else
+    failed=$((failed + 1))
+  fi
+  rm -f "$log" "$report"
 }
 step() {  # step NAME COMMAND...: one pass/fail entry
   if "${@:2}"; then passed=$((passed + 1)); else echo "FAILED: $1"; failed=$((failed + 1)); fi
 }
 
-note "1. build (warnings as errors) + unit, integration, interop, gpu"
-if cmake -S . -B build -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_TORCH2_PYTHON="$venv/bin/python" \
+unity=-DCMAKE_UNITY_BUILD=ON
+note "1. build (warnings as errors) + unit, integration, hostile, layout, gpu"
+if cmake -S . -B build -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_TORCH2_PYTHON="$venv/bin/python" \
      -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null && ninja -C build; then
-  run_ctest build
+  run_ctest build -LE '^interop$'  # the interop suites run in the ASan tree
 else
   echo "FAILED: build"; failed=$((failed + 1))
 fi
@@ -61,26 +74,29 @@ fi
 note "1b. Slurm: the slurm/ scripts on a real 2-node Slurm cluster (its own network namespaces)"
 # Not in loopback_only.sh's namespace: local_slurm.sh builds its nodes' namespaces and bridge
 # itself, blackhole route first, and tears them down at the end.
-run_pytest() {  # run_pytest ARGS...: one count per test
-  local log; log=$(mktemp)
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "$@" 2>&1 | tee "$log"
-  local p f s e
-  p=$(grep -oE '[0-9]+ passed' "$log" | tail -1 | cut -d' ' -f1)
-  f=$(grep -oE '[0-9]+ failed' "$log" | tail -1 | cut -d' ' -f1)
-  s=$(grep -oE '[0-9]+ skipped' "$log" | tail -1 | cut -d' ' -f1)
-  e=$(grep -oE '[0-9]+ errors?' "$log" | tail -1 | cut -d' ' -f1)
-  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0} + ${e:-0})); skipped=$((skipped + ${s:-0}))
-  [[ -n "$p$f$s$e" ]] || failed=$((failed + 1))
-  rm -f "$log"
+run_pytest() {  # run_pytest SUITE ARGS...: one count per test, as run_ctest's
+  local suite=$1 report rc counts p f s; shift
+  report=$(mktemp)
+  DDP_SUITE="$suite" DDP_TEST_REPORT="$report" "$venv/bin/python" -m pytest -q "$@"
+  rc=$?
+  counts=$(scripts/count_tests.py --pytest "$suite" "$rc" "$report") || counts="0 1 0"
+  read -r p f s <<<"$(head -1 <<<"$counts")"
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  skip_lines+=$(tail -n +2 <<<"$counts")$'\n'
+  rm -f "$report"
 }
 if [[ -x build/bin/ddprun && -x build/bin/ddp-train ]]; then
-  run_pytest tests/slurm
+  run_pytest slurm tests/slurm
 else
   echo "FAILED: slurm (no build)"; failed=$((failed + 1))
 fi
 
+note "1c. mutants: chosen conditions flipped one at a time; their tests must fail"
+# scripts/mutants.py rebuilds build/ around each mutant and puts every file back.
+if [[ -x build/bin/ddp_unit_tests ]]; then step "mutants" scripts/mutants.py build; fi
+
 note "2. ASan+UBSan: unit + integration, and real torch 2.x clients against a sanitized ddprund"
-if cmake -S . -B build-asan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
+if cmake -S . -B build-asan -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
      -DDDP_TORCH2_PYTHON="$venv/bin/python" -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null &&
    ninja -C build-asan ddp_unit_tests ddp_integration_tests ddprund ddpstore ddprun ddp-train; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -90,7 +106,7 @@ else
 fi
 
 note "2b. TSan: unit + integration (the integration server runs three event loops)"
-if cmake -S . -B build-tsan -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=thread \
+if cmake -S . -B build-tsan -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=thread \
      >/dev/null && ninja -C build-tsan ddp_unit_tests ddp_integration_tests; then
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest build-tsan -R "^(unit|integration)/"
 else
@@ -99,7 +115,7 @@ fi
 
 note "3. libFuzzer: decoder + dispatch, ${DDP_FUZZ_SECONDS:-60} s"
 fuzz() {
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=ON \
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja $unity -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=ON \
     -DDDP_SANITIZE=address,undefined >/dev/null && ninja -C build-fuzz decoder_fuzz || return 1
   local corpus; corpus=$(mktemp -d)
   cp tests/fuzz/corpus/* "$corpus"/
@@ -115,7 +131,7 @@ step "fuzz" fuzz
 note "4. CUDA build (compile and link only unless a GPU is present)"
 if command -v nvcc >/dev/null; then
   cuda() {
-    cmake -S . -B build-cuda -G Ninja -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
+    cmake -S . -B build-cuda -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
       ninja -C build-cuda ddp_kernels ddp_gpu_tests ddp_worker ddp-train kernel_bench ddprun || return 1
     # Without a GPU every test here is a visible skip. Its ctest summary would be the last
     # runner summary of the log, and CI reads "0 of 1 run" as "ran no test"; so its output goes
@@ -126,8 +142,8 @@ if command -v nvcc >/dev/null; then
     if grep -q "\*\*\*Failed" "$log"; then cat "$log"; fi
     # With a GPU, also the whole-job check of the GPU path against the CPU path.
     if build-cuda/bin/ddp_gpu_tests --list-tests >/dev/null 2>&1; [[ $? != 77 ]]; then
-      step "gpu: ddp-train on cuda = cpu" env DDP_BIN_DIR="$root/build-cuda/bin" \
-        "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+      # A GPU is here: a GPU path that cannot run fails (DDP_EXPECT_GPU), it does not skip.
+      DDP_BIN_DIR="$root/build-cuda/bin" DDP_EXPECT_GPU=1 run_pytest "gpu: ddp-train on cuda = cpu" \
         tests/interop/test_ddp_train_variants.py -k gpu_steps_match
     fi
     return 0  # run_ctest counted the results
@@ -148,6 +164,7 @@ step "clang-format" fmt
 
 note "end"
 echo
+grep -v '^$' <<<"$skip_lines"
 echo "times: setup:${setup_s}s ${times}total:${SECONDS}s"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]

@@ -156,6 +156,11 @@ void validate_and_fill(LaunchConfig& c, const std::map<std::string, std::string>
   }
 }
 
+// Adds a line to the notice that ddprun prints on stderr before it starts (earliest first).
+void add_notice(std::string& notice, const std::string& line) {
+  notice = notice.empty() ? line : line + "\n" + notice;
+}
+
 // Under Slurm, with no endpoint given: the first host of the node list hosts the rendezvous.
 // A multi-node job whose host cannot be derived stops here rather than becoming a world of
 // one on localhost. Returns whether the host was used.
@@ -401,10 +406,21 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
       c.private_store = true;
     }
     if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
-      const std::string note = "ddprun: --rdzv-backend=" + c.rdzv_backend +
-                               " runs as etcd-v3 (etcd's v3 API; torchrun's v2 keys are not used)";
-      result.notice = result.notice.empty() ? note : note + "\n" + result.notice;
+      add_notice(result.notice,
+                 "ddprun: --rdzv-backend=" + c.rdzv_backend +
+                     " runs as etcd-v3 (etcd's v3 API; torchrun's v2 keys are not used)");
       c.rdzv_backend = "etcd-v3";
+    }
+    for (int s : {SIGUSR1, SIGUSR2}) {
+      const auto& h = c.signals_to_handle;
+      if (std::find(h.begin(), h.end(), s) == h.end()) continue;
+      const std::string name = s == SIGUSR1 ? "SIGUSR1" : "SIGUSR2";
+      add_notice(result.notice, "ddprun: warning: --signals-to-handle lists " + name +
+                                    ": it will stop the job. "
+                                    "Without it " +
+                                    name +
+                                    " reaches the workers and the job goes on (Slurm's "
+                                    "--signal=USR1@60 to save a checkpoint)");
     }
     c.rdzv = resolve_endpoint(c);  // the one parse: a malformed endpoint fails now
     if (c.etcd()) c.etcd_members = etcd_members(c);

@@ -91,7 +91,9 @@ constexpr FlagSpec kFlags[] = {
      "ranks over NUMA nodes."},
     {"signals_to_handle", "--signals-to-handle,--signals_to_handle", false, true, G::compat,
      "SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-     "Signals the agent forwards to the workers (e.g. add SIGUSR1,SIGUSR2 under Slurm)."},
+     "Signals that stop the job: the agent passes them to the workers and ends. SIGUSR1 and "
+     "SIGUSR2 (Slurm's --signal=USR1@60) reach the workers without being listed and the job "
+     "goes on; listed here they stop it."},
     {"shutdown_timeout", "--shutdown-timeout,--shutdown_timeout", false, true, G::compat,
      "SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30",
      "Seconds between the stop signal and SIGKILL when workers are stopped."},

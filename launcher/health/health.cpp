@@ -105,8 +105,8 @@ class StoreHealthBus final : public HealthBus {
     return parse_epoch(client_.compare_set(hang_key(), "0", "0"), hang_key());
   }
 
-  void publish_stacks(std::uint64_t epoch, const std::string& json) override {
-    client_.set(stacks_key(epoch, group_rank_), json);
+  void publish_stacks(std::uint64_t epoch, const std::string& stacks_json) override {
+    client_.set(stacks_key(epoch, group_rank_), stacks_json);
   }
 
   std::vector<std::pair<int, std::string>> collect_stacks(std::uint64_t epoch) override {
@@ -155,8 +155,8 @@ class LocalHealthBus final : public HealthBus {
     epoch_ = epoch;
   }
   std::uint64_t triggered() override { return epoch_; }
-  void publish_stacks(std::uint64_t epoch, const std::string& json) override {
-    stacks_[epoch] = json;
+  void publish_stacks(std::uint64_t epoch, const std::string& stacks_json) override {
+    stacks_[epoch] = stacks_json;
   }
   std::vector<std::pair<int, std::string>> collect_stacks(std::uint64_t epoch) override {
     auto it = stacks_.find(epoch);

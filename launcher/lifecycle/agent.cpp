@@ -269,6 +269,17 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
       check_shared_store(*tcp_store, config.rdzv_id, rs);
     }
   }
+  ro.where =
+      etcd ? "the etcd cluster " + config.rdzv_endpoint : rdzv::Endpoint{rs.host, rs.port}.str();
+  ro.on_wait = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  if (rs.server && !is_static) {
+    // `ddprun status` needs the store's address; a --standalone job's port is chosen here.
+    std::fprintf(stderr,
+                 "ddprun: rendezvous store on %s (run id %s); follow the job with: ddprun status "
+                 "--rdzv-endpoint %s --run-id %s\n",
+                 ro.where.c_str(), config.rdzv_id.c_str(), ro.where.c_str(),
+                 config.rdzv_id.c_str());
+  }
   Rendezvous rdzv(store, ro);
   RunLogDir logs(config.log_dir, config.rdzv_id);
   // Output the user asked to have in files is never deleted, even in a temporary folder.

@@ -195,7 +195,7 @@ SpawnResult LocalRound::start(const GroupInfo& group) {
 void LocalRound::tell_status(const std::vector<WorkerExit>& exits, const Observation& o) {
   for (const WorkerExit& e : exits) {
     s_.status->worker_exited(e.local_rank, e.signal ? -e.signal : e.exit_code,
-                             e.failed() ? e.describe() : "", e.failed());
+                             e.failed() ? e.in_words() : "", e.failed());
   }
   if (o.hang && o.hang->local_rank >= 0) s_.status->hung(o.hang->local_rank);
   const auto now = std::chrono::steady_clock::now();

@@ -88,8 +88,7 @@ RoundEvent failure_event(RoundFacts& f, const std::string& host, int group_rank,
     ours.global_rank = first.global_rank;
     ours.local_rank = first.exit.local_rank;
     ours.exit_code = exit_code_for(f.failures);
-    ours.what =
-        first.exit.signal != 0 ? first.exit.describe() : "exit code " + first.exit.describe();
+    ours.what = first.exit.in_words();
   } else if (!f.spawn_error.empty()) {
     ours.local_rank = f.spawn_rank;
     ours.global_rank = base_global_rank + f.spawn_rank;

@@ -51,6 +51,48 @@ std::string Rendezvous::key(int round, const std::string& name) const {
 std::string Rendezvous::event_key(const Round& round) const { return key(round.number, "event"); }
 std::string Rendezvous::event_key(int round) const { return key(round, "event"); }
 
+std::string join_hint(bool static_backend) {
+  return static_backend ? "check that every node runs ddprun with the same --nnodes, --master-addr "
+                          "and --master-port, each with its own --node-rank"
+                        : "check that every node runs ddprun with the same --nnodes, "
+                          "--rdzv-endpoint and --rdzv-id";
+}
+
+void Rendezvous::wait_for_min(const std::string& seal_key, int r,
+                              std::chrono::steady_clock::time_point start,
+                              std::chrono::steady_clock::time_point give_up) {
+  using Clock = std::chrono::steady_clock;
+  const auto joined = [&] {
+    return std::to_string(store_.add(key(r, "joined"), 0)) + " of at least " +
+           std::to_string(opts_.min_nodes) + " nodes joined round " + std::to_string(r);
+  };
+  const std::string at = opts_.where.empty() ? "" : " at " + opts_.where;
+  auto next_notice = Clock::now() + opts_.notice_every;
+  while (true) {
+    const auto now = Clock::now();
+    const auto slice = opts_.on_wait ? std::min(give_up, next_notice) : give_up;
+    try {
+      store_.wait({seal_key},
+                  std::max(std::chrono::duration_cast<milliseconds>(slice - now), milliseconds(1)));
+      return;
+    } catch (const TimeoutError&) {
+      if (Clock::now() >= give_up || !opts_.on_wait) {
+        throw TimeoutError("rendezvous '" + opts_.run_id + "'" + at + ": only " + joined() +
+                           " within the join timeout (" +
+                           std::to_string(opts_.join_timeout.count() / 1000) + " s); " +
+                           join_hint(opts_.by_node_rank));
+      }
+      if (Clock::now() < next_notice) continue;  // the store's wait ended early
+      next_notice += opts_.notice_every;
+      const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start);
+      opts_.on_wait("ddprun: waiting for nodes: " + joined() + at + " (" +
+                    std::to_string(waited.count()) + " s of the " +
+                    std::to_string(opts_.join_timeout.count() / 1000) + " s join timeout); " +
+                    join_hint(opts_.by_node_rank));
+    }
+  }
+}
+
 Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
                              const std::function<void(int)>& on_join) {
   const auto start = std::chrono::steady_clock::now();
@@ -100,17 +142,7 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
         sealed = seal_now();  // the last call passed with at least MIN nodes
       }
     } else {
-      try {
-        store_.wait({seal_key}, until(give_up));
-      } catch (const TimeoutError&) {
-        throw TimeoutError("rendezvous '" + opts_.run_id + "': only " +
-                           std::to_string(store_.add(key(r, "joined"), 0)) + " of at least " +
-                           std::to_string(opts_.min_nodes) + " nodes joined round " +
-                           std::to_string(r) + " within the join timeout (" +
-                           std::to_string(opts_.join_timeout.count() / 1000) +
-                           " s); check that every node runs ddprun with the same "
-                           "--rdzv-endpoint and --rdzv-id");
-      }
+      wait_for_min(seal_key, r, start, give_up);
       sealed = store_.get(seal_key);
     }
     const int m = stored_int(seal_key, sealed, 1, opts_.max_nodes);

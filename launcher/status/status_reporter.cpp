@@ -24,7 +24,8 @@ namespace ddp::launch {
 namespace {
 constexpr double kLinesEvery = 10;  // seconds between plain progress lines (--progress lines)
 
-double median(std::vector<double> v) {
+// The lower of the middle two values of an even count (a step time that was measured).
+double lower_median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[(v.size() - 1) / 2];
@@ -217,7 +218,7 @@ void StatusReporter::progress(const std::map<int, RankProgress>& ranks) {
          i < p.spans.size(); ++i) {
       walls.push_back(p.spans[i].end_unix - p.spans[i].start_unix);
     }
-    r.step_time_s = walls.empty() ? median(p.step_s) : median(walls);
+    r.step_time_s = walls.empty() ? lower_median(p.step_s) : lower_median(walls);
     r.total_steps = p.total_steps;
     r.samples_per_s =
         p.samples >= 0 && r.step_time_s > 0 ? static_cast<double>(p.samples) / r.step_time_s : 0;

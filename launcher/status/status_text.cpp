@@ -31,6 +31,29 @@ double median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+// A restart's cause in words ("exitcode" -> "non-zero exit"), never read as an exit code.
+std::string cause_word(const std::string& cause) {
+  if (cause == "exitcode") return "non-zero exit";
+  if (cause == "signal") return "killed by a signal";
+  if (cause == "oom") return "out of memory";
+  if (cause == "node_lost") return "node lost";
+  if (cause == "node_joined") return "node joined";
+  return cause;
+}
+
+// "exitcode", 2 -> "2 non-zero exits": a count of failures of one kind.
+std::string cause_in_words(const std::string& cause, int n) {
+  const std::string k = std::to_string(n);
+  const bool many = n != 1;
+  if (cause == "exitcode") return k + (many ? " non-zero exits" : " non-zero exit");
+  if (cause == "signal") return k + " killed by a signal";
+  if (cause == "oom") return k + " out of memory";
+  if (cause == "hang") return k + (many ? " hangs" : " hang");
+  if (cause == "node_lost") return k + (many ? " nodes lost" : " node lost");
+  if (cause == "node_joined") return k + (many ? " nodes joined" : " node joined");
+  return k + " " + cause;
+}
+
 std::string seconds(double s) { return s < 10 ? fmt("%.3g s", s) : fmt("%.0f s", s); }
 
 std::string rate(double r) { return r < 10 ? fmt("%.1f", r) : fmt("%.0f", r); }
@@ -136,7 +159,7 @@ std::string format_exit_summary(const status::JobStatus& job, double wall_s, int
   std::string r = std::to_string(restarts);
   std::string why;
   for (const auto& [c, k] : causes) {
-    if (k > 0) why += (why.empty() ? "" : ", ") + c + " " + std::to_string(k);
+    if (k > 0) why += (why.empty() ? "" : ", ") + cause_in_words(c, k);
   }
   if (!why.empty()) r += " (failures: " + why + ")";
   head.push_back({"restarts", r});
@@ -145,8 +168,8 @@ std::string format_exit_summary(const status::JobStatus& job, double wall_s, int
   if (skip > 0) out += "    ... " + std::to_string(skip) + " earlier restart(s)\n";
   for (std::size_t i = skip; i < events.size(); ++i) {
     const auto& [e, n] = events[i];
-    out += "    round " + std::to_string(e->round) + ": " + e->cause + ": " + e->what + " [node " +
-           node_name(*n) + "]\n";
+    out += "    round " + std::to_string(e->round) + ": " + cause_word(e->cause) + ": " + e->what +
+           " [node " + node_name(*n) + "]\n";
   }
   // Per rank: the last state and exit.
   struct Row {

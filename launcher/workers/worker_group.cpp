@@ -141,6 +141,10 @@ std::string WorkerExit::describe() const {
   return oom.named() ? s + ", " + oom.headline() : s;
 }
 
+std::string WorkerExit::in_words() const {
+  return signal != 0 ? describe() : "exit code " + std::to_string(exit_code);
+}
+
 WorkerGroup::~WorkerGroup() {
   if (running() > 0) stop(std::chrono::milliseconds(0), SIGKILL);
   for (auto& w : workers_) {

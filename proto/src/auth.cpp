@@ -203,4 +203,13 @@ std::optional<std::string> job_secret(const knobs::Env* env) {
   return std::nullopt;
 }
 
+std::optional<std::string> secret_for(const std::string& secret_file, const knobs::Env* env) {
+  if (secret_file.empty()) return job_secret(env);
+  if (knobs::text("DDPRUN_STORE_SECRET_FILE", env) || knobs::text("DDPRUN_STORE_SECRET", env)) {
+    DDP_THROW(ConfigError,
+              "--secret-file and DDPRUN_STORE_SECRET(_FILE) are both set: give one of them");
+  }
+  return read_secret_file(secret_file);
+}
+
 }  // namespace ddp::proto::auth

@@ -128,17 +128,7 @@ int main(int argc, char** argv) {
 
   auto& log = ddp::logger("rdzv");
   try {
-    std::optional<std::string> secret;
-    if (!secret_file.empty()) {
-      if (ddp::proto::auth::job_secret()) {
-        throw ddp::ConfigError(
-            "--secret-file and DDPRUN_STORE_SECRET(_FILE) are both set: give one of them");
-      }
-      secret = ddp::proto::auth::read_secret_file(secret_file);
-    } else {
-      secret = ddp::proto::auth::job_secret();
-    }
-    if (secret) opts.secret = std::move(*secret);
+    if (auto secret = ddp::proto::auth::secret_for(secret_file)) opts.secret = std::move(*secret);
     if (!allow_unauthenticated.empty()) {
       if (opts.secret.empty()) {
         throw ddp::ConfigError(

@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
       ->required();
   app.add_flag("--torch", torch, "plain torch protocol (no ddprun extensions)");
   app.add_option("--timeout-ms", timeout_ms, "timeout of each operation")->capture_default_str();
+  std::string secret_file;
+  app.add_option("--secret-file", secret_file,
+                 "a file (yours, mode 600) holding the store secret, as ddprund's; "
+                 "DDPRUN_STORE_SECRET(_FILE) work too (docs/security.md)");
   app.add_option("command", args,
                  "set KEY VALUE | get KEY | add KEY N | wait KEY... | "
                  "check KEY... | delete KEY | num-keys | list-keys | ping")
@@ -37,8 +41,8 @@ int main(int argc, char** argv) {
     o.timeout = std::chrono::milliseconds(timeout_ms);
     o.connect_timeout = std::chrono::milliseconds(timeout_ms);
     o.extensions = !torch;
-    // The job's secret from the environment (never a flag: ps would show it).
-    if (auto secret = ddp::proto::auth::job_secret()) o.secret = std::move(*secret);
+    // The job's secret: a file or the environment (never the value as a flag: ps would show it).
+    if (auto secret = ddp::proto::auth::secret_for(secret_file)) o.secret = std::move(*secret);
     ddp::rdzv::StoreClient c(ep, o);
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());

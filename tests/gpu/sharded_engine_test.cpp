@@ -19,6 +19,7 @@
 #include "support/random_floats.hpp"
 #include "support/comm_job.hpp"
 #include "support/ranks.hpp"
+#include "support/skip.hpp"
 #include "ddp/kernels/device.hpp"
 #include "ddp/worker/comm.hpp"
 #include "engine.hpp"
@@ -236,8 +237,7 @@ TEST_CASE("a batch larger than the sharded CUDA engine was sized for is refused"
 TEST_CASE("2 GPUs: each sharding level over NCCL equals the CUDA engine's DDP",
           "[gpu][engine][sharding]") {
   if (ddp::kernels::cuda_device_count() < 2) {
-    WARN("SKIPPED: fewer than 2 CUDA devices; the 2-rank sharding test did not run");
-    return;
+    DDP_SKIP("fewer than 2 CUDA devices: the 2-rank NCCL sharding test did not run");
   }
   const OptimizerConfig opt{OptimizerKind::adam, 1e-3f};
   struct Rank {

@@ -177,6 +177,40 @@ TEST_CASE("a round that never fills times out with the count", "[integration][la
                     Catch::Contains("only 1 of at least 3 nodes joined round 0"));
 }
 
+TEST_CASE("a node waiting for peers says every so often how many joined, where, and what to check",
+          "[integration][launch]") {
+  Store s;
+  for (const bool by_node_rank : {false, true}) {
+    auto c = s.client();
+    RendezvousOptions o{by_node_rank ? "static-wait" : "c10d-wait", 2, 2, by_node_rank, 400ms};
+    o.where = "master:29500";
+    o.notice_every = 100ms;
+    std::vector<std::string> lines;
+    o.on_wait = [&](const std::string& line) { lines.push_back(line); };
+    Rendezvous r(*c, o);
+    std::string error;
+    try {
+      r.next_round(desc(0, by_node_rank ? 0 : -1));
+    } catch (const ddp::TimeoutError& e) {
+      error = e.what();
+    }
+    INFO(error);
+    REQUIRE_FALSE(lines.empty());
+    CHECK(lines.size() <= 4);
+    CHECK_THAT(lines.front(), Catch::Contains("waiting for nodes: 1 of at least 2 nodes joined "
+                                              "round 0 at master:29500"));
+    CHECK_THAT(error, Catch::Contains("at master:29500: only 1 of at least 2 nodes joined"));
+    for (const std::string& said : {lines.front(), error}) {
+      if (by_node_rank) {  // the static backend: its own flags, never the c10d ones
+        CHECK_THAT(said, Catch::Contains("--master-addr") && Catch::Contains("--node-rank"));
+        CHECK(said.find("--rdzv-id") == std::string::npos);
+      } else {
+        CHECK_THAT(said, Catch::Contains("--rdzv-endpoint") && Catch::Contains("--rdzv-id"));
+      }
+    }
+  }
+}
+
 TEST_CASE("an interrupted client stops its wait at once", "[integration][launch]") {
   Store s;
   auto c = s.client();

@@ -123,7 +123,7 @@ const char* kFakeEuStack =
 TEST_CASE("py-spy: a sleeping interpreter's Python frames", "[launch][integration]") {
   const std::string python = venv_bin() + "/python";
   if (!executable(python) || !executable(venv_bin() + "/py-spy")) {
-    DDP_SKIP("no " << python << " or py-spy next to it (scripts/setup.sh --with-torch)");
+    DDP_SKIP_TOOL("no " << python << " or py-spy next to it (scripts/setup.sh --with-torch)");
   }
   Child py({python, "-c",
             "import time\n"
@@ -146,7 +146,7 @@ TEST_CASE("py-spy: a sleeping interpreter's Python frames", "[launch][integratio
 TEST_CASE("eu-stack: native frames of sleep, after py-spy says it is not Python",
           "[launch][integration]") {
   if (!executable("/usr/bin/eu-stack")) {
-    DDP_SKIP("no /usr/bin/eu-stack (Debian's elfutils; scripts/setup.sh installs it)");
+    DDP_SKIP_TOOL("no /usr/bin/eu-stack (Debian's elfutils)");
   }
   Child sl({"sleep", "30"});
   // posix_spawnp returns once exec succeeded: the pid runs coreutils' sleep.

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "support/hex.hpp"
@@ -44,34 +45,71 @@ ServerOptions small() {
   return o;
 }
 
+// The most a TCP socket's buffer grows to (the third field of /proc/sys/net/ipv4/tcp_wmem or
+// tcp_rmem: autotuning's ceiling); 0 when it cannot be read.
+std::size_t tcp_buffer_ceiling(const std::string& name) {
+  std::ifstream in("/proc/sys/net/ipv4/" + name);
+  std::size_t low = 0, initial = 0, ceiling = 0;
+  if (!(in >> low >> initial >> ceiling)) return 0;
+  return ceiling;
+}
+
 }  // namespace
 
 TEST_CASE("a client that never reads is held at the reply cap, it resumes when it reads",
           "[integration][budget]") {
-  Server s(small());
+  const ServerOptions o = small();
+  Server s(o);
   auto writer = s.client();
   const std::string value(60 * 1024, 'v');
+  const std::size_t reply = 8 + value.size();  // a GET's reply: the length, then the value
   writer->set("big", value);
   REQUIRE(writer->check({"big"}));  // SET has no reply: a round trip makes sure it is stored
+  // Enough GETs that their replies are more than the kernel can buffer between the server and
+  // a client that never reads (the server's send buffer and the client's receive buffer, each
+  // at its ceiling) plus the connection's whole budget: the server must queue replies up to
+  // its cap, and one that did not stop there would go over the budget.
+  const std::size_t kernel = tcp_buffer_ceiling("tcp_wmem") + tcp_buffer_ceiling("tcp_rmem");
+  REQUIRE(kernel > 0);
+  REQUIRE(o.max_connection_bytes > o.max_pending_reply_bytes + reply);
+  const std::size_t n = (kernel + o.max_connection_bytes) / reply + 2;
+  INFO(n << " GETs of " << reply << " bytes; kernel buffers at most " << kernel
+         << " bytes, reply cap " << o.max_pending_reply_bytes << ", connection budget "
+         << o.max_connection_bytes);
+  REQUIRE(n * reply > kernel + o.max_connection_bytes);
+  const auto gets_served = [&](const ServerStats& st) {
+    return st.requests_by_op[static_cast<std::size_t>(OpKind::get)];
+  };
+  const std::uint64_t sent_before = s.server.stats().bytes_sent;  // the writer's, so far
   RawSocket hog(s.server.port());
   std::string gets;
-  for (int i = 0; i < 128; ++i) gets += unhex("03") + str("big");  // 128 x 60 KiB of replies
+  for (std::size_t i = 0; i < n; ++i) gets += unhex("03") + str("big");
   REQUIRE(hog.send(kValidate + gets));
-  // Unread, the replies stop at the cap: the server holds at most cap + one reply + buffers,
-  // not 7.5 MiB, and no connection is closed for it.
-  std::this_thread::sleep_for(200ms);
-  const auto held = s.server.stats().client_bytes;
-  CHECK(held <= 2 * 1024 * 1024);
-  CHECK(s.server.stats().over_budget == 0);
+  // The hog's replies made but not yet written (the writer is idle meanwhile): first they reach
+  // the cap, as they must.
+  const auto queued = [&](const ServerStats& st) -> std::uint64_t {
+    const std::uint64_t made = gets_served(st) * reply, sent = st.bytes_sent - sent_before;
+    return made > sent ? made - sent : 0;
+  };
+  REQUIRE(eventually([&] { return queued(s.server.stats()) >= o.max_pending_reply_bytes; }));
+  // Then the server holds them there: less than the cap plus the one reply that crossed it,
+  // the rest of the GETs not served, and no connection closed for it.
+  const ServerStats st = s.server.stats();
+  CHECK(queued(st) < o.max_pending_reply_bytes + reply);
+  CHECK(gets_served(st) < n);
+  CHECK(st.client_bytes <= o.max_connection_bytes);
+  CHECK(st.over_budget == 0);
   CHECK(writer->add("other", 1) == 1);  // the others are served meanwhile
-  // Reading, the hog gets all 128 replies, in order, intact.
-  std::string all = hog.recv(128 * (8 + value.size()), 10s);
-  REQUIRE(all.size() == 128 * (8 + value.size()));
-  for (int i = 0; i < 128; ++i) {
-    const std::size_t at = static_cast<std::size_t>(i) * (8 + value.size());
+  // Reading, the hog gets all n replies, in order, intact.
+  std::string all = hog.recv(n * reply, 30s);
+  REQUIRE(all.size() == n * reply);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t at = i * reply;
     CHECK(all.compare(at, 8, u64(value.size())) == 0);
     CHECK(all.compare(at + 8, value.size(), value) == 0);
   }
+  CHECK(gets_served(s.server.stats()) == n);
+  CHECK(s.server.stats().over_budget == 0);
 }
 
 TEST_CASE("an unfinished request over the connection budget closes only that connection",

@@ -290,11 +290,15 @@ TEST_CASE("spawn_workers gives each worker its own progress pipe", "[integration
   CHECK(progress.ranks().at(0).reported);
   CHECK_FALSE(progress.ranks().at(1).reported);
 
-  // Rank 1 has said nothing: until it has exec'd, /proc shows the forked agent's environment
-  // and fds, not the worker's (a race under load; under TSan a fork and exec took over 5 s).
+  // Until both workers have become `sleep` (the fork, bash's exec, then bash's own exec), /proc
+  // shows the forked agent's environment and fds, or nothing while an exec is under way (a race
+  // under load; under TSan a fork and exec took over 5 s). Read them once both are asleep.
   for (int i = 0; i < 400; ++i) {
     bool both = true;
-    for (pid_t pid : workers.pids()) both = both && !env_of(pid, "DDPRUN_PROGRESS_FD").empty();
+    for (pid_t pid : workers.pids()) {
+      both = both && read_file("/proc/" + std::to_string(pid) + "/comm") == "sleep\n" &&
+             !env_of(pid, "DDPRUN_PROGRESS_FD").empty();
+    }
     if (both) break;
     std::this_thread::sleep_for(50ms);
   }

@@ -10,6 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from support.pytest_tools import needs_tool
+
 from conftest import BIN, popen_retry
 
 TRAIN = os.path.join(BIN, "ddp-train")
@@ -28,8 +30,8 @@ def _have_fmnist():
                os.path.exists(os.path.join(FMNIST, f + ".gz")) for f in FMNIST_FILES)
 
 
-needs_fmnist = pytest.mark.skipif(not _have_fmnist(),
-                                  reason=f"Fashion-MNIST IDX files not found in {FMNIST}")
+needs_fmnist = needs_tool(_have_fmnist(),
+                          f"the Fashion-MNIST IDX files in {FMNIST} (Debian's dataset-fashion-mnist)")
 
 SUBSET = 2048
 PARAM_COUNTS = {"mlp": 235146, "autoencoder": 234640, "linear": 21,  # from docs' layer tables

@@ -2,7 +2,8 @@
 installs it), 1 or 3 members on 127.0.0.1 on ports the OS chose, data in a private folder under
 /dev/shm with a 64 MiB backend quota, each member under RLIMIT_FSIZE, killed by PID. Skips
 visibly where etcd is not installed. The members' client URLs are `endpoints`; `leader()` asks
-each member's /v3/maintenance/status which one leads."""
+each member's /v3/maintenance/status which one leads; `keys()` lists the keys (/v3/kv/range)."""
+import base64
 import json
 import os
 import resource
@@ -15,6 +16,8 @@ import time
 import urllib.request
 
 import pytest
+
+from support.pytest_tools import missing_tool
 
 ETCD = "/usr/bin/etcd"
 FSIZE = 256 << 20  # etcd preallocates 64 MiB WAL segments; nothing it writes needs more
@@ -49,7 +52,7 @@ class EtcdCluster:
         """extra_hosts: addresses to listen on besides 127.0.0.1 (the Slurm test cluster's
         bridge, so that jobs in its network namespaces reach etcd); endpoints stay loopback."""
         if not os.access(ETCD, os.X_OK):
-            pytest.skip(f"etcd is not installed ({ETCD}); scripts/setup.sh installs etcd-server")
+            missing_tool(f"etcd at {ETCD} (Debian's etcd-server)")
         self.dir = tempfile.mkdtemp(prefix="ddp-etcd-", dir="/dev/shm")
         ports = _ports(2 * members)
         self.client_ports = ports[:members]
@@ -103,6 +106,23 @@ class EtcdCluster:
             s = self.status(i)
             if s and s.get("leader") and s["leader"] == s["header"].get("member_id"):
                 return i
+        return None
+
+    def keys(self):
+        """Every key in the cluster (decoded as UTF-8), as the first live member that answers
+        gives them through etcd's v3 HTTP gateway (kv/range over the whole key space, keys
+        only); None when no member answers."""
+        everything = base64.b64encode(b"\0").decode()  # key and range_end "\0": all keys
+        body = {"key": everything, "range_end": everything, "keys_only": True}
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                continue
+            try:
+                r = post(self.endpoints[i], "kv/range", body, timeout=1.0)
+            except OSError:
+                continue
+            return [base64.b64decode(kv["key"]).decode("utf-8", "replace")
+                    for kv in r.get("kvs", [])]
         return None
 
     def kill(self, i):

@@ -8,13 +8,20 @@
 - snapshots record the mesh and reshard: 2x2 (full sharding) -> 1x2 -> 4x1 (gradients), each
   resumed run following the uninterrupted one-rank run within 1e-5;
 - the mesh line shows the tp groups on this host; bad sizes and meshes are refused by name;
-- --denormals keep (IEEE subnormals) takes the same steps as the default flush.
+- --denormals keep (IEEE subnormals) takes the same steps as the default flush, and does keep
+  subnormals (a linear model's updates of ~1e-41 stay; flush makes them zero).
 Bounded: tiny models, --epoch-steps/--max-steps, timeouts on every run."""
 import json
+import os
+import sys
 
+import numpy as np
 import pytest
 
-from ddp_train_helpers import ddprun, needs_ddp_train, output, train
+from ddp_train_helpers import ddprun, needs_ddp_train, output, read_snapshot, train
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import ddp_format as fmt  # noqa: E402
 
 pytestmark = [needs_ddp_train]
 
@@ -94,6 +101,24 @@ def test_flushing_denormals_keeps_the_steps(tmp_path):
     keep, _ = run(tmp_path, 1, "keep", "--denormals", "keep")
     close(keep["step_losses"], flush["step_losses"], 1e-6)
     close(keep["fingerprint"], flush["fingerprint"], 1e-6)
+    # The steps agree, so they cannot tell whether keep took effect: a subnormal lr (1e-41) on
+    # zero weights moves them by lr x gradient, itself subnormal. Kept, the weights end
+    # subnormal and non-zero; flushed (DAZ reads lr as 0), they stay exactly zero.
+    tiny = np.finfo(np.float32).tiny  # the smallest normal float
+    for mode in ("flush", "keep"):
+        snap = tmp_path / f"linear-{mode}.ddp"
+        fmt.fresh_snapshot(snap, np.zeros(21, np.float32), optimizer="sgd", momentum=0.0,
+                           seed=0, lr=1e-41, world_size=1, batch_size=32, model="linear")
+        p = train(["1", "0", "--model", "linear", "--dataset", "synthetic", "--synthetic-size",
+                   "64", "--batch-size", "32", "--lr", "1e-41", "--device", "cpu",
+                   "--snapshot", str(snap), "--denormals", mode], tmp_path)
+        assert p.returncode == 0, output(p)
+        h, params, _, _ = read_snapshot(snap)
+        assert h["global_step"] == 2, h
+        if mode == "flush":
+            assert not np.any(params), (mode, params)
+        else:
+            assert np.all((params != 0) & (np.abs(params) < tiny)), (mode, params)
 
 
 def test_learns_the_text_below_the_unigram_baseline(tmp_path):

@@ -69,6 +69,8 @@ def test_gloo_without_shared_memory_is_within_tolerance(tmp_path):
     env = {"DDP_SHM_ALLREDUCE": "0"}
     base = run_level(tmp_path, 2, "none", env=env, tag="none-gloo")
     got = run_level(tmp_path, 2, "full", env=env, tag="full-gloo")
+    # 512 samples over 2 ranks, 16 a batch: 16 steps (zip would pass on empty lists).
+    assert len(base["step_losses"]) == len(got["step_losses"]) == 16, (base, got)
     for a, b in zip(base["step_losses"], got["step_losses"]):
         assert abs(a - b) <= 1e-5 * abs(a), (a, b)
 
@@ -124,6 +126,9 @@ def test_snapshot_reshards_4_to_2_to_3_and_to_replicated(tmp_path):
     whole = two(tag="two-whole")
     cont = two(tag="two-cont", snapshot=snap)
     assert cont["resumed_from"] == {"epoch": 1, "step": 0}
+    # 512 samples over 2 ranks, 32 a batch: 8 steps an epoch, 2 epochs whole, 1 continued (an
+    # empty cont would leave tail empty and the loop nothing to compare).
+    assert len(whole["step_losses"]) == 16 and len(cont["step_losses"]) == 8, (whole, cont)
     tail = whole["step_losses"][len(whole["step_losses"]) - len(cont["step_losses"]):]
     for a, b in zip(tail, cont["step_losses"]):
         assert abs(a - b) <= 1e-4 * abs(a), (tail, cont["step_losses"])
@@ -171,6 +176,10 @@ def test_sigterm_stops_every_rank_at_one_boundary_with_one_snapshot(tmp_path):
             p.kill()
             p.wait()
     text = seen + out + err
+    # The job's code: ddprun ends on a stop signal with 128 + the signal (docs/launcher.md;
+    # torchrun exits 1 with a SignalException traceback). Its summary shows no exit code for
+    # stopped ranks; a rank's own 143 is test_ddp_train.py's test_sigterm_saves_snapshot.
+    assert p.returncode == 128 + signal.SIGTERM, text[-3000:]
     assert "sharded snapshot" in text and "stop signal" in text, text[-3000:]
     idx = read_index(snap)
     assert idx["world_size"] == 2 and idx["global_step"] > 0

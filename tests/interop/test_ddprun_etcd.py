@@ -47,8 +47,9 @@ class Job:
         self.out = str(tmp_path / "out")
         os.makedirs(self.out, exist_ok=True)
         self.env = dict(env or {}, OUT=self.out)
+        self.run_id = str(uuid.uuid4())
         self.args = [f"--nnodes={nnodes}", "--nproc-per-node=1", f"--rdzv-backend={backend}",
-                     f"--rdzv-endpoint={cluster.endpoint_list}", f"--rdzv-id={uuid.uuid4()}",
+                     f"--rdzv-endpoint={cluster.endpoint_list}", f"--rdzv-id={self.run_id}",
                      f"--rdzv-conf={conf}", f"--max-restarts={max_restarts}",
                      "--log-line-prefix-template=[g${group_rank} r${rank}]: ",
                      *(command or ["--no-python", "/bin/sh", "-c", WORKER])]
@@ -61,6 +62,12 @@ class Job:
 
     def output(self):
         return "\n".join(a.output() for a in self.lx.agents) + f"\nrecords: {records(self.out)}"
+
+    def joined(self, cluster):
+        """The node records of this run's rounds in etcd (P/r<n>/node/<k>, rendezvous.cpp:
+        written by an agent once it has joined a round, before it waits for the seal)."""
+        node = re.compile(rf"/ddprun/{re.escape(self.run_id)}/r\d+/node/\d+$")
+        return [k for k in cluster.keys() or [] if node.search(k)]
 
 
 @pytest.mark.parametrize("members,nodes", [(1, 2), (3, 4)])
@@ -95,7 +102,8 @@ def test_the_etcd_leader_killed_costs_no_restart(launcher, tmp_path, etcd3, when
     job = Job(launcher, tmp_path, etcd3, 2)
     a = job.start("nodeA")
     if when == "round":
-        time.sleep(1.0)  # A has joined and waits for B
+        # A has joined (its node record is in etcd) and waits for B: the kill lands mid-round.
+        assert wait_for(lambda: len(job.joined(etcd3)) == 1, 30), job.output()
         leader = etcd3.leader()
         etcd3.kill(leader)
         b = job.start("nodeB")
@@ -160,16 +168,22 @@ def test_an_unreachable_cluster_is_named_within_the_timeout(launcher, tmp_path):
     from etcd_cluster import _ports
     ports = _ports(2)  # closed again: nothing listens there
     eps = ",".join(f"127.0.0.1:{p}" for p in ports)
+    read_timeout_s = 2
+    # "Within the timeout", with room for a loaded machine: the first etcd request gives up at
+    # read_timeout; the margin covers the agent's start and exit. One that ignored read_timeout
+    # (the 60 s default) would not end before it.
+    bound_s = read_timeout_s + 10
     t0 = time.monotonic()
     a = launcher.start("--nnodes=2", "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={eps}",
-                       "--rdzv-conf=read_timeout=2", "--no-python", "/bin/true", name="lonely")
+                       f"--rdzv-conf=read_timeout={read_timeout_s}", "--no-python", "/bin/true",
+                       name="lonely")
     rc = a.wait(30)
     took = time.monotonic() - t0
     assert rc != 0, a.output()
     for p in ports:
         assert f"127.0.0.1:{p}" in a.stderr, a.output()
     assert "did not answer" in a.stderr, a.output()
-    print(f"refused after {took:.2f} s (read_timeout 2 s)")
+    assert took < bound_s, f"refused after {took:.2f} s, over {bound_s} s\n{a.output()}"
 
 
 def test_tls_keys_are_refused_by_name(launcher, tmp_path):  # noqa: F811

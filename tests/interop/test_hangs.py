@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from support.pytest_tools import missing_tool, needs_tool
+
 from conftest import BIN
 from ddp_train_helpers import FMNIST, TRAIN, clean_env, fm_args, needs_ddp_train, needs_fmnist
 
@@ -59,7 +61,7 @@ GLOO_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not HAVE_PYSPY, reason="py-spy not on PATH (scripts/setup.sh installs it)")
+@needs_tool(HAVE_PYSPY, "py-spy on PATH (the torch venv's)")
 def test_gloo_script_sleeper_named_and_job_stopped(tmp_path):
     script = tmp_path / "g.py"
     script.write_text(GLOO_SCRIPT)
@@ -91,7 +93,7 @@ def test_ddp_train_blocked_rank_named_and_restarted(tmp_path):
     if HAVE_EUSTACK:
         assert "injected_hang_before_allreduce" in json.dumps(rep), rep
     else:
-        pytest.skip("eu-stack not on PATH: the stack assertion is skipped")
+        missing_tool("eu-stack on PATH (Debian's elfutils): the stack assertion did not run")
 
 
 def free_port():
@@ -100,7 +102,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not HAVE_PYSPY, reason="py-spy not on PATH (scripts/setup.sh installs it)")
+@needs_tool(HAVE_PYSPY, "py-spy on PATH (the torch venv's)")
 def test_two_agents_name_the_remote_sleeper(tmp_path):
     script = tmp_path / "g.py"
     script.write_text(GLOO_SCRIPT)

@@ -6,12 +6,11 @@ curve and the same final weights.
 How: tests/reference/fsdp2_train.py runs under torchrun with FSDP2 full sharding (one
 fully_shard group per Linear, then the root) and writes torch's initial weights as a fresh
 DDPSNAP1 snapshot (epoch 0, step 0, zero optimizer state); ddp-train then starts from a copy of
-that snapshot under ddprun at every --sharding level (only the plain run where the binary has no
---sharding). The reference reproduces ddp-train's sampler (SplitMix64(seed + epoch)
-Fisher-Yates, padded to a multiple of the world size), so both see the same batches: world 2
-runs 2 epochs of 16 full batches of 64; world 3 runs 2 epochs of 11 batches whose last is 43
-rows (the same on every rank, so the mean over ranks of each rank's batch mean is the same
-arithmetic on both sides).
+that snapshot under ddprun at every --sharding level. The reference reproduces ddp-train's
+sampler (SplitMix64(seed + epoch) Fisher-Yates, padded to a multiple of the world size), so
+both see the same batches: world 2 runs 2 epochs of 16 full batches of 64; world 3 runs 2
+epochs of 11 batches whose last is 43 rows (the same on every rank, so the mean over ranks of
+each rank's batch mean is the same arithmetic on both sides).
 
 What is compared: ddp-train's `step_losses` (rank 0's loss of each step, trainer.cpp) against
 the reference's rank-0 step losses; the final parameters of the replicated run (its DDPSNAP1
@@ -58,10 +57,12 @@ COMMON = ["--hidden", str(HIDDEN), "--layers", str(LAYERS), "--batch-size", str(
 
 
 def sharding_levels():
-    """The --sharding levels this ddp-train has: all four once the flag exists, else the plain
-    (replicated) run only, named "none"."""
+    """The --sharding levels: all four. A ddp-train whose --help lacks the flag fails the test
+    rather than comparing the plain run alone."""
     p = subprocess.run([TRAIN, "--help"], capture_output=True, text=True, timeout=30)
-    return LEVELS if "--sharding" in p.stdout + p.stderr else ("none",)
+    assert "--sharding" in p.stdout + p.stderr, \
+        "ddp-train --help lists no --sharding: the levels cannot be compared\n" + output(p)
+    return LEVELS
 
 
 @pytest.fixture
@@ -88,14 +89,13 @@ def reference(world, mode, opt, d, tag, extra=()):
     return read_metrics(metrics), params, state
 
 
-def ddp_train(world, level, opt, init, d, levels):
+def ddp_train(world, level, opt, init, d):
     """ddp-train under ddprun from a copy of the init snapshot; returns (metrics, snapshot)."""
     snap = os.path.join(d, f"cpp-{level}.snap")
     shutil.copyfile(init, snap)
     metrics = os.path.join(d, f"cpp-{level}.json")
-    sharding = ["--sharding", level] if levels != ("none",) else []
     argv = [DDPRUN, "--standalone", f"--nproc-per-node={world}", "--no-python", TRAIN,
-            *COMMON, *OPTIMIZERS[opt], *sharding, "--data", FMNIST, "--no-eval",
+            *COMMON, *OPTIMIZERS[opt], "--sharding", level, "--data", FMNIST, "--no-eval",
             "--snapshot", snap, "--metrics-json", metrics, str(EPOCHS), "0"]
     p = run_bounded(argv, d, clean_env({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10"}), 120)
     assert p.returncode == 0, output(p)
@@ -123,10 +123,9 @@ def test_every_sharding_level_matches_fsdp2(workdir, world, opt):
     assert not np.any(init_state)
 
     for level in levels:
-        m, snap = ddp_train(world, level, opt, init, workdir, levels)
+        m, snap = ddp_train(world, level, opt, init, workdir)
         where = f"--sharding {level}, world {world}, {opt}"
-        if levels != ("none",):
-            assert m.get("sharding") == level, (where, m)
+        assert m.get("sharding") == level, (where, m)
         assert m["steps"] == steps, (where, m)
         assert len(m["step_losses"]) == steps, (where, m)
         err = max_rel(m["step_losses"], ref["rank0_step_losses"])

@@ -17,15 +17,15 @@ import uuid
 
 import pytest
 
+from support.pytest_tools import needs_tool
+
 from conftest import Daemon, popen_retry
 from ddprun_multinode_helpers import gone, launcher, wait_for  # noqa: F401
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-needs_promtool = pytest.mark.skipif(
-    not os.path.exists(PROMTOOL), reason="promtool not found (Debian package prometheus)")
-needs_prometheus = pytest.mark.skipif(
-    not os.path.exists(PROMETHEUS), reason="prometheus not found (Debian package prometheus)")
+needs_promtool = needs_tool(os.path.exists(PROMTOOL), "promtool (Debian's prometheus)")
+needs_prometheus = needs_tool(os.path.exists(PROMETHEUS), "prometheus (Debian's prometheus)")
 
 LIVE_VIEW = re.compile(r"ddprun: live view at http://([^/:\s]+|\[[^\]]+\]):(\d+)/")
 

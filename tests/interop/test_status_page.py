@@ -17,6 +17,8 @@ import uuid
 
 import pytest
 
+from support.pytest_tools import needs_tool
+
 from conftest import Daemon, run_py
 from ddprun_multinode_helpers import launcher, wait_for  # noqa: F401 (a fixture)
 
@@ -27,9 +29,8 @@ try:
     HAVE_SELENIUM = True
 except ImportError:
     HAVE_SELENIUM = False
-pytestmark = pytest.mark.skipif(
-    not (HAVE_SELENIUM and os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-    reason="needs selenium in the venv and Debian's chromium and chromium-driver")
+pytestmark = needs_tool(HAVE_SELENIUM and os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER),
+                        "selenium in the torch venv, Debian's chromium and chromium-driver")
 
 SHOT = os.path.join(os.path.dirname(__file__), "../../docs/status.png")
 WAIT_S = 60  # any one thing the page must show

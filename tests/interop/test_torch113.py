@@ -1,6 +1,7 @@
 """Debian's torch 1.13 TCPStore client (the pre-2.1 opcode table, no VALIDATE) against
 ddprund; ddprund recognises the dialect from the first bytes of the connection. Also
 init_process_group (gloo) between two 1.13 processes using ddprund as the store."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import daemon, run_ranks_py, start_py  # noqa: F401  (fixture)
+from conftest import BIN, daemon, run_ranks_py, start_py  # noqa: F401  (fixture)
 
 assert torch.__version__.startswith("1.13"), torch.__version__
 
@@ -40,7 +41,13 @@ def test_basic_operations(daemon):
 def test_world_size_init_key(daemon):
     a = client(daemon.port, 2, True)  # clients ADD init/ 1 when they wait for workers
     client(daemon.port, 2, True)
-    assert a.num_keys() == 1  # "init/" = 2
+    assert a.num_keys() == 1
+    # The clients' own get would ask for "/init/" (their "/" prefix); ddpstore asks for the raw
+    # key: 2, one ADD per client.
+    p = subprocess.run([os.path.join(BIN, "ddpstore"), "--endpoint", f"127.0.0.1:{daemon.port}",
+                        "--timeout-ms", "3000", "get", "init/"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0 and p.stdout == "2\n", (p.returncode, p.stdout, p.stderr)
 
 
 def test_wait_released_by_another_process(daemon):

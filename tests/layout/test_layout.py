@@ -121,7 +121,18 @@ def commands():
     db = BUILD / "compile_commands.json"
     if not db.exists():
         pytest.skip(f"no {db}: configure the build first")
-    return {str(Path(e["file"]).resolve()): e for e in json.loads(db.read_text())}
+    out = {}
+    for e in json.loads(db.read_text()):
+        out[str(Path(e["file"]).resolve())] = e
+        # A unity build (scripts/test.sh) compiles its sources through Unity/unity_N_cxx.cxx,
+        # which #includes them: each of those sources has the unit's command.
+        if "/Unity/unity_" in e["file"]:
+            unit = Path(e["file"])
+            if not unit.is_absolute():
+                unit = Path(e["directory"]) / unit
+            for inc in re.findall(r'#include "([^"]+)"', unit.read_text()):
+                out.setdefault(str(Path(inc).resolve()), e)
+    return out
 
 
 def probe(entry, header, tmp):
@@ -169,3 +180,29 @@ def test_each_folder_includes_exactly_what_the_layering_allows(commands, tmp_pat
     assert not wrong, "\n".join(wrong)
     # The probe can tell both ways: some pairs are refused, some admitted.
     assert any(e for _, e in results) and any(not e for _, e in results)
+
+
+def broken_tables(text):
+    """Line numbers of blank lines that split a Markdown table: a row, one or more blank lines,
+    then a row that is no table's start (not followed by a |---| line). GitHub renders the rows
+    after such a gap as text."""
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if line.strip() or i == 0 or not lines[i - 1].startswith("|"):
+            continue
+        j = i
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        starts_table = j + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|\s*$", lines[j + 1])
+        if j < len(lines) and lines[j].startswith("|") and not starts_table:
+            out.append(i + 1)
+    return out
+
+
+def test_no_table_in_the_docs_is_split_by_a_blank_line():
+    assert broken_tables("| a | b |\n|---|---|\n| 1 | 2 |\n\n| 3 | 4 |\n") == [4]
+    assert broken_tables("| a |\n|---|\n| 1 |\n\n| b |\n|---|\n| 2 |\n") == []  # two tables
+    bad = {str(p.relative_to(ROOT)): broken_tables(p.read_text())
+           for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    assert not {k: v for k, v in bad.items() if v}, bad

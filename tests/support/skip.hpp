@@ -1,14 +1,43 @@
 // DDP_SKIP(message): ends a Catch2 test case as skipped, visibly. Catch2 v2 has no skip, and a
 // test that returns early passes; so the message goes to stdout behind "DDP_SKIPPED: ", which
 // tests/CMakeLists.txt gives ctest as SKIP_REGULAR_EXPRESSION: ctest then counts the case as
-// skipped ("***Skipped") and scripts/test.sh's summary counts it with the skips.
+// skipped ("***Skipped"), and its reason goes to the report scripts/test.sh prints at the end
+// (DDP_TEST_REPORT, skip.cpp).
+// DDP_SKIP_TOOL(message): the same for a tool that scripts/setup.sh installs (etcd, py-spy,
+// eu-stack, the torch venv): a failure where DDP_REQUIRE_TOOLS=1 (scripts/test.sh), since there
+// a missing tool is a broken set-up, not a machine without it.
 #pragma once
 
-#include <iostream>
+#include <catch2/catch.hpp>
 
-#define DDP_SKIP(message)                                 \
-  do {                                                    \
-    std::cout << "DDP_SKIPPED: " << message << std::endl; \
-    WARN("skipped: " << message);                         \
-    return;                                               \
+#include <sstream>
+#include <string>
+
+namespace ddp::test {
+
+// Prints "DDP_SKIPPED: reason" and appends it to DDP_TEST_REPORT, if set, as one JSON line.
+void note_skip(const std::string& reason);
+// True when DDP_REQUIRE_TOOLS=1.
+bool tools_required();
+
+}  // namespace ddp::test
+
+#define DDP_SKIP(message)                        \
+  do {                                           \
+    std::ostringstream ddp_skip_reason;          \
+    ddp_skip_reason << message;                  \
+    ddp::test::note_skip(ddp_skip_reason.str()); \
+    WARN("skipped: " << ddp_skip_reason.str());  \
+    return;                                      \
+  } while (false)
+
+#define DDP_SKIP_TOOL(message)                                                               \
+  do {                                                                                       \
+    std::ostringstream ddp_skip_reason;                                                      \
+    ddp_skip_reason << "missing tool: " << message;                                          \
+    if (ddp::test::tools_required())                                                         \
+      FAIL(ddp_skip_reason.str() << " (DDP_REQUIRE_TOOLS=1: a missing tool fails the run)"); \
+    ddp::test::note_skip(ddp_skip_reason.str());                                             \
+    WARN("skipped: " << ddp_skip_reason.str());                                              \
+    return;                                                                                  \
   } while (false)

@@ -11,29 +11,20 @@
 #include <tuple>
 
 #include "ddp/proto/error.hpp"
+#include "stack_text.hpp"
 
 namespace ddp::launch {
 namespace {
 
 using nlohmann::json;
+using stack_text::clip;
+using stack_text::json_string;
 
 constexpr std::size_t kMaxThreadsOut = 4;  // in the store: the main thread and 3 others
 constexpr std::size_t kMaxFramesOut = 64;  // in the store: the innermost 64 per thread
 constexpr std::size_t kMaxNameOut = 256;   // bytes of a function, file or thread name
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-// Cut at `n` bytes, never inside a UTF-8 sequence.
-std::string clip(const std::string& s, std::size_t n) {
-  if (s.size() <= n) return s;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  return s.substr(0, n);
-}
-
-std::string json_string(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 
 // {"pid", "tool", "threads": [{"name", "main", "frames": [[function, file, line], ...]}], "error"}
 json process_json(const ProcessStacks& p) {

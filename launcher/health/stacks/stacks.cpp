@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "ddp/proto/error.hpp"
+#include "stack_text.hpp"
 
 extern char** environ;
 
@@ -31,6 +32,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
+using stack_text::clip;
+using stack_text::json_string;
 using namespace std::string_literals;
 
 constexpr std::size_t kMaxToolOutput = 4u << 20;  // per stream; the rest is read and dropped
@@ -43,21 +46,9 @@ std::vector<ThreadStack> main_first(std::vector<ThreadStack> threads) {
   return threads;
 }
 
-std::string json_string(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 long long json_int(const json& j, const char* key, long long fallback) {
   auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<long long>() : fallback;
-}
-
-// Cut at `n` bytes, never inside a UTF-8 sequence.
-std::string clip(const std::string& s, std::size_t n) {
-  if (s.size() <= n) return s;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  return s.substr(0, n);
 }
 
 // "clock_nanosleep@GLIBC_2.2.5" -> "clock_nanosleep" (the version tag says nothing about the call).

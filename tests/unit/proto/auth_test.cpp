@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "support/hex.hpp"
+#include "support/skip.hpp"
 #include "ddp/proto/error.hpp"
 
 using namespace ddp::proto::auth;
@@ -66,7 +69,7 @@ TEST_CASE("nonces are fresh", "[unit][auth]") {
   CHECK(a != b);
 }
 
-TEST_CASE("the secret file must be the user's own, private, and of a sane size", "[unit][auth]") {
+TEST_CASE("the secret file must be private, a regular file, and of a sane size", "[unit][auth]") {
   TempDir t;
   CHECK(read_secret_file(t.write("ok", "0123456789abcdefXYZ\n", 0600)) == "0123456789abcdefXYZ");
   CHECK(read_secret_file(t.write("ro", "0123456789abcdefXYZ", 0400)) == "0123456789abcdefXYZ");
@@ -84,6 +87,28 @@ TEST_CASE("the secret file must be the user's own, private, and of a sane size",
   CHECK_THROWS_AS(read_secret_file((t.dir / "link").string()), ddp::ConfigError);  // O_NOFOLLOW
 }
 
+TEST_CASE("a secret file owned by another user is refused, naming the file and the owner",
+          "[unit][auth]") {
+  TempDir t;
+  const std::string path = t.write("theirs", "0123456789abcdefXYZ\n", 0600);
+  // Another user's file, private to its owner: uid 65534 ('nobody'), 65533 where this runs as
+  // nobody. Giving a file away takes root (CAP_CHOWN); the tests run as root.
+  const uid_t other = ::geteuid() == 65534u ? 65533u : 65534u;
+  if (::chown(path.c_str(), other, static_cast<gid_t>(-1)) != 0) {
+    const std::string why = std::strerror(errno);
+    DDP_SKIP("cannot chown a file to uid " << other << " (" << why << "): needs root or CAP_CHOWN");
+  }
+  CHECK_THROWS_AS(read_secret_file(path), ddp::ConfigError);
+  CHECK_THROWS_WITH(
+      read_secret_file(path),
+      Catch::Contains("store secret file " + path + ": owned by uid " + std::to_string(other) +
+                      ", not by this user (uid " + std::to_string(::geteuid()) + ")") &&
+          !Catch::Contains("0123456789abcdef"));
+  // The control: the same file, given back to this user, is read.
+  REQUIRE(::chown(path.c_str(), ::geteuid(), static_cast<gid_t>(-1)) == 0);
+  CHECK(read_secret_file(path) == "0123456789abcdefXYZ");
+}
+
 TEST_CASE("the job's secret comes from one variable", "[unit][auth]") {
   TempDir t;
   const auto file = t.write("s", "file-secret-0123456789\n", 0600);
@@ -99,4 +124,20 @@ TEST_CASE("the job's secret comes from one variable", "[unit][auth]") {
   Env weak{{"DDPRUN_STORE_SECRET", "short"}};
   CHECK_THROWS_WITH(job_secret(&weak),
                     Catch::Contains("DDPRUN_STORE_SECRET: the store secret has 5"));
+}
+
+TEST_CASE("a secret file flag (ddprund's and ddpstore's) or the environment, never both",
+          "[unit][auth]") {
+  TempDir t;
+  const auto file = t.write("s", "file-secret-0123456789\n", 0600);
+  using Env = ddp::knobs::Env;
+  const Env none;
+  CHECK(secret_for(file, &none) == "file-secret-0123456789");
+  CHECK_FALSE(secret_for("", &none).has_value());
+  const Env by_value{{"DDPRUN_STORE_SECRET", "value-secret-0123456789"}};
+  CHECK(secret_for("", &by_value) == "value-secret-0123456789");
+  CHECK_THROWS_WITH(secret_for(file, &by_value),
+                    Catch::Contains("--secret-file and DDPRUN_STORE_SECRET(_FILE) are both set"));
+  const Env by_file{{"DDPRUN_STORE_SECRET_FILE", file}};
+  CHECK_THROWS_AS(secret_for(file, &by_file), ddp::ConfigError);
 }

@@ -257,6 +257,9 @@ int LmRun::go() {
       j["model"] = "llama";
       j["mesh"] = {{"dp", shape.dp}, {"tp", shape.tp}};
       j["sharding"] = to_string(o_.sharding);
+      j["optimizer"] = to_string(o_.optimizer.kind);
+      j["lr"] = o_.optimizer.lr;
+      j["lr_gamma"] = o_.lr_gamma;
       j["params"] = lm_param_count(cfg);
       j["world_size"] = c_.world;
       j["steps"] = steps;

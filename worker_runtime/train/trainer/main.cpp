@@ -149,12 +149,15 @@ int main(int argc, char** argv) {
   app.add_option("--train-subset", o.train_subset, "use the first N training samples");
   app.add_option("--synthetic-size", o.synthetic_size, "samples of the synthetic dataset")
       ->capture_default_str();
-  app.add_option("--lr", o.optimizer.lr, "learning rate")->capture_default_str();
-  app.add_option("--optimizer", words.optimizer, "sgd | adam | adadelta | adamw")
-      ->capture_default_str();
-  app.add_option("--lr-gamma", o.lr_gamma,
-                 "StepLR: epoch e runs with lr x gamma^e, gamma in (0, 1]")
-      ->capture_default_str();
+  auto* lr = app.add_option("--lr", o.optimizer.lr,
+                            "learning rate (default: the model's recipe, or torch.optim's default "
+                            "for another --optimizer)");
+  app.add_option(
+      "--optimizer", words.optimizer,
+      "sgd | adam | adadelta | adamw (default: the model's recipe: " + train::recipes_text() + ")");
+  auto* lr_gamma = app.add_option("--lr-gamma", o.lr_gamma,
+                                  "StepLR: epoch e runs with lr x gamma^e, gamma in (0, 1] "
+                                  "(default: the model's recipe)");
   app.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation and shuffle seed")->capture_default_str();
   app.add_option("--hidden", o.hidden, "mlp: units per hidden layer (default 256, then 128)");
@@ -218,6 +221,8 @@ int main(int argc, char** argv) {
     if (denormals != "flush" && denormals != "keep") {
       throw ConfigError("--denormals must be flush or keep, not '" + denormals + "'");
     }
+    words.lr_given = lr->count() > 0;
+    words.lr_gamma_given = lr_gamma->count() > 0;
     train::apply_choices(
         words, [] { return kernels::cuda_built() && kernels::cuda_device_count() > 0; }, o);
     train::validate(o);

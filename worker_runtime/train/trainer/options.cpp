@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ostream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -136,7 +137,40 @@ void apply_choices(const ChoiceWords& w, const std::function<bool()>& cuda_visib
   }
   if (o.model == ModelKind::llama && w.device == "auto") o.device = Device::cpu;
   if (o.model == ModelKind::llama && w.backend == "auto") o.backend = Backend::gloo;
-  o.optimizer.kind = parse(kOptimizers, w.optimizer, "--optimizer", "sgd, adam, adadelta or adamw");
+  // The model's recipe, unless the command line says otherwise; its rates go with its optimizer.
+  const Recipe recipe = recipe_for(o.model);
+  o.optimizer.kind = w.optimizer.empty() ? recipe.optimizer
+                                         : parse(kOptimizers, w.optimizer, "--optimizer",
+                                                 "sgd, adam, adadelta or adamw");
+  const bool recipes_own = o.optimizer.kind == recipe.optimizer;
+  if (!w.lr_given) o.optimizer.lr = recipes_own ? recipe.lr : default_lr(o.optimizer.kind);
+  if (!w.lr_gamma_given && recipes_own) o.lr_gamma = recipe.lr_gamma;
+}
+
+Recipe recipe_for(ModelKind m) {
+  switch (m) {
+    case ModelKind::convnet: return {OptimizerKind::adadelta, 1.0f, 0.7f};
+    case ModelKind::llama: return {OptimizerKind::adamw, 3e-3f, 1.0f};
+    case ModelKind::mlp:
+    case ModelKind::autoencoder: return {OptimizerKind::adam, 1e-3f, 1.0f};
+    case ModelKind::linear: return {OptimizerKind::sgd, 1e-3f, 1.0f};
+  }
+  return {OptimizerKind::sgd, 1e-3f, 1.0f};
+}
+
+float default_lr(OptimizerKind k) { return k == OptimizerKind::adadelta ? 1.0f : 1e-3f; }
+
+std::string recipes_text() {
+  std::string out;
+  for (ModelKind m : {ModelKind::mlp, ModelKind::autoencoder, ModelKind::linear, ModelKind::convnet,
+                      ModelKind::llama}) {
+    const Recipe r = recipe_for(m);
+    std::ostringstream line;
+    line << to_string(m) << ": " << to_string(r.optimizer) << " lr " << r.lr;
+    if (r.lr_gamma != 1.0f) line << ", lr-gamma " << r.lr_gamma;
+    out += (out.empty() ? "" : "; ") + line.str();
+  }
+  return out;
 }
 
 void validate(const TrainOptions& o) {

@@ -104,11 +104,28 @@ struct TrainOptions {
   std::int64_t epoch_steps = 0;  // 0: one pass over the training text's tokens
 };
 
+// A model's reference recipe: --optimizer, --lr and --lr-gamma when the command line leaves
+// them out (the linear model: the DDP tutorials' SGD 1e-3; the mlp and the autoencoder: the
+// Fashion-MNIST tutorials' Adam 1e-3; the convnet: PyTorch's MNIST example, Adadelta 1.0 with
+// StepLR 0.7; the LLaMA: the FSDP+TP recipe's AdamW 3e-3). docs/decisions.md says why.
+struct Recipe {
+  OptimizerKind optimizer;
+  float lr;
+  float lr_gamma;
+};
+Recipe recipe_for(ModelKind m);
+// torch.optim's default learning rate, for an --optimizer other than the model's recipe.
+float default_lr(OptimizerKind k);
+// Every model's recipe in one line, for --help.
+std::string recipes_text();
+
 // The command line's words for the choices, as CLI11 reads them (the defaults are the flags').
 struct ChoiceWords {
   std::string model;  // "": by the dataset
   std::string dataset = "fashion-mnist";
-  std::string optimizer = "sgd";
+  std::string optimizer;         // "": the model's recipe
+  bool lr_given = false;         // --lr was on the command line
+  bool lr_gamma_given = false;   // --lr-gamma was
   std::string device = "auto";   // auto: cuda when a GPU is visible
   std::string backend = "auto";  // auto: nccl on cuda, else gloo
   std::string precision = "fp32";

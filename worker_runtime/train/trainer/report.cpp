@@ -96,6 +96,9 @@ void final_report(Engine& engine, const RunSummary& s, const Dataset& test, bool
   sum << std::hex << std::setw(16) << std::setfill('0') << s.param_checksum;
   m["param_checksum"] = sum.str();
   m["sharding"] = s.sharding;
+  m["optimizer"] = s.optimizer;
+  m["lr"] = s.lr;
+  m["lr_gamma"] = s.lr_gamma;
   m["state_bytes_peak"] = s.state_bytes_peak;
   m["rss_peak_bytes"] = peak_rss_bytes();
   m["resumed_from"] = s.resumed_from ? nlohmann::json{{"epoch", s.resumed_from->first},

@@ -52,6 +52,9 @@ struct RunSummary {
   std::string sharding;
   std::size_t state_bytes_peak = 0;
   std::optional<std::pair<std::int64_t, std::int64_t>> resumed_from;  // epoch, step
+  std::string optimizer{};  // what trained: the recipe's or the command line's
+  double lr = 0.0;
+  double lr_gamma = 1.0;
 };
 
 // Rank 0's last words: the summary line on `out`, the evaluation on `test` when `eval`

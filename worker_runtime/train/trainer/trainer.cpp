@@ -442,6 +442,9 @@ void Run::report(double secs, std::uint64_t checksum) {
                engine_->state_bytes_peak(),
                std::nullopt};
   if (resumed_) s.resumed_from = std::make_pair(start_.epoch, start_.step);
+  s.optimizer = to_string(o_.optimizer.kind);
+  s.lr = o_.optimizer.lr;
+  s.lr_gamma = o_.lr_gamma;
   final_report(*engine_, s, test_, o_.eval, o_.metrics_json, out(),
                [&] { phase("eval", pos_.global_step); });
 }

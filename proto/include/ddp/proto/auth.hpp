@@ -66,5 +66,9 @@ std::string checked_secret(std::string secret, std::string_view origin);
 // The job's secret: DDPRUN_STORE_SECRET_FILE (a file, read_secret_file) or DDPRUN_STORE_SECRET
 // (the value); both set is an error; nullopt when neither is. From `env`, or the process's.
 std::optional<std::string> job_secret(const knobs::Env* env = nullptr);
+// A binary's secret: its --secret-file when given (then DDPRUN_STORE_SECRET(_FILE) must not be
+// set too), else job_secret(env). ddprund and ddpstore take the same spelling.
+std::optional<std::string> secret_for(const std::string& secret_file,
+                                      const knobs::Env* env = nullptr);
 
 }  // namespace ddp::proto::auth

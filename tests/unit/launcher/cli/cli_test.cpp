@@ -400,3 +400,17 @@ TEST_CASE("the static backend on port 0 is an error, not a silent hang", "[unit]
   CHECK(ok({"--standalone", "--master-port=0", "x"}).rdzv_backend == "c10d");  // a free port
   CHECK(ok({"--rdzv-backend=static", "--master-port=29501", "x"}).endpoint().port == 29501);
 }
+
+TEST_CASE("SIGUSR1 or SIGUSR2 in --signals-to-handle is warned about: it stops the job",
+          "[unit][launch]") {
+  auto r =
+      parse_launch_args({"ddprun", "--standalone", "--signals-to-handle=SIGTERM,SIGUSR1", "x"}, {});
+  REQUIRE(r.config.has_value());
+  CHECK_THAT(r.notice, Catch::Contains("warning: --signals-to-handle lists SIGUSR1") &&
+                           Catch::Contains("stop the job") && Catch::Contains("USR1@60"));
+  CHECK(r.notice.find("SIGUSR2") == std::string::npos);
+  // The default list passes SIGUSR1/2 on: no warning.
+  r = parse_launch_args({"ddprun", "--standalone", "x"}, {});
+  REQUIRE(r.config.has_value());
+  CHECK(r.notice.find("warning") == std::string::npos);
+}

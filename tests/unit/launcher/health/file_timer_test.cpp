@@ -323,7 +323,7 @@ TEST_CASE("file timer: lines written into the FIFO reach the table", "[unit][fil
 TEST_CASE("file timer: torch's own FileTimerClient talks to the server", "[unit][file_timer]") {
   const auto python = venv_python();
   if (python.empty() || ::access(python.c_str(), X_OK) != 0) {
-    DDP_SKIP("no torch venv python at '" << python << "' (scripts/setup.sh makes it)");
+    DDP_SKIP_TOOL("the torch venv's python at '" << python << "' (scripts/setup.sh --with-torch)");
   }
   TempDir dir;
   const auto fifo = dir.path / "watchdog";

@@ -86,8 +86,8 @@ TEST_CASE("status text: the exit summary", "[unit][launch][status_text]") {
   b.ranks[1].step_time_s = 0.11;
   b.restarts = {{0, 1700000010.5, "signal", "local rank 1 (rank 1) died of signal 9 (SIGKILL)"}};
   b.ranks[1].state = "failed";
-  b.ranks[1].last_exit = 1;
-  b.ranks[1].last_error = "exitcode 1";
+  b.ranks[1].last_exit = 2;
+  b.ranks[1].last_error = "exit code 2";  // WorkerExit::in_words()
   job.nodes = {a, b};
   const std::string s = format_exit_summary(job, 125.25, 1);
   INFO(s);
@@ -96,10 +96,11 @@ TEST_CASE("status text: the exit summary", "[unit][launch][status_text]") {
                     Catch::Contains("wall time    2m05s (125.3 s)"));
   CHECK_THAT(s, Catch::Contains("final state  failed, exit code 1 (job succeeded)"));
   CHECK_THAT(s, Catch::Contains("nodes        2, ranks 4"));
-  CHECK_THAT(s, Catch::Contains("restarts     1 (failures: signal 1)"));
+  CHECK_THAT(s, Catch::Contains("restarts     1 (failures: 1 killed by a signal)"));
   // The same restart told by both nodes is listed once.
   const std::string event =
-      "round 0: signal: local rank 1 (rank 1) died of signal 9 (SIGKILL) [node alpha (slot 0)]";
+      "round 0: killed by a signal: local rank 1 (rank 1) died of signal 9 (SIGKILL) [node alpha "
+      "(slot 0)]";
   CHECK_THAT(s, Catch::Contains(event));
   CHECK(s.find("died of signal 9", s.find(event) + event.size()) == std::string::npos);
   // One row per rank, by global rank.
@@ -107,12 +108,29 @@ TEST_CASE("status text: the exit summary", "[unit][launch][status_text]") {
                                 "last error\n"));
   CHECK_THAT(s, Catch::Contains("  0     alpha (slot 0)  0      succeeded  1         99    0     "
                                 "-\n"));
-  CHECK_THAT(s, Catch::Contains("  3     beta (slot 1)   1      failed     1         99    1     "
-                                "exitcode 1\n"));
+  CHECK_THAT(s, Catch::Contains("  3     beta (slot 1)   1      failed     1         99    2     "
+                                "exit code 2\n"));
   CHECK(s.find("  1     alpha") < s.find("  2     beta"));
   CHECK_THAT(s, Catch::Contains("slowest rank: rank 1 on alpha (slot 0), local 1: step 0.3 s "
                                 "(median of all ranks 0.115 s)"));
   CHECK(s.back() == '\n');
+}
+
+TEST_CASE("status text: failures are counted in words, never read as an exit code",
+          "[unit][launch][status_text]") {
+  JobStatus job;
+  NodeStatus n;
+  n.host = "h";
+  n.ranks = {rank(0, 0, -1, 0, 0, -1)};
+  n.restarts = {{0, 1700000010.5, "exitcode", "rank 0 failed: exit code 2"},
+                {1, 1700000020.5, "exitcode", "rank 0 failed: exit code 2"},
+                {2, 1700000030.5, "hang", "rank 0 made no progress"},
+                {3, 1700000040.5, "oom", "rank 0: Signal 9 (SIGKILL), the OOM killer"}};
+  job.nodes = {n};
+  const std::string s = format_exit_summary(job, 3.04, 1);
+  INFO(s);
+  CHECK_THAT(s, Catch::Contains("(failures: 2 non-zero exits, 1 hang, 1 out of memory)"));
+  CHECK(s.find("exitcode") == std::string::npos);
 }
 
 TEST_CASE("status text: a summary with little to tell", "[unit][launch][status_text]") {

@@ -3,12 +3,15 @@
 // intersection with ddprun's own CPUs, the single-node no-op and the errors that name the flag.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "ddp/launch/numa_binding.hpp"
 #include "ddp/proto/error.hpp"
+#include "support/skip.hpp"
 
 using namespace ddp::launch;
 
@@ -192,10 +195,22 @@ TEST_CASE("numa: topologies that cannot be loaded are config errors", "[unit][nu
 TEST_CASE("numa: the agent's side reads DDPRUN_HWLOC_XML and its own CPUs", "[unit][numa]") {
   const EnvMap env = {{"DDPRUN_HWLOC_XML", topo_file("two_pu_2s2g.xml")},
                       {"DDPRUN_NVIDIA_GPUS_DIR", topo_file("no_gpus_here")}};
-  if (own_cpus() != std::vector<int>{0, 1}) {
-    WARN("this machine's affinity is not CPUs 0-1: the check below is for that case only");
-    return;
+  // The agent binds within its own affinity: pin this test's thread to CPUs 0-1 (the
+  // topology's two PUs) for the check, and give the old mask back after it.
+  cpu_set_t before;
+  REQUIRE(sched_getaffinity(0, sizeof before, &before) == 0);
+  cpu_set_t pair;
+  CPU_ZERO(&pair);
+  CPU_SET(0, &pair);
+  CPU_SET(1, &pair);
+  if (sched_setaffinity(0, sizeof pair, &pair) != 0 || own_cpus() != std::vector<int>{0, 1}) {
+    sched_setaffinity(0, sizeof before, &before);
+    DDP_SKIP("CPUs 0 and 1 are not both allowed to this process (a cpuset without them)");
   }
+  struct Restore {
+    cpu_set_t mask;
+    ~Restore() { sched_setaffinity(0, sizeof mask, &mask); }
+  } restore{before};
   const auto b = numa_bindings_for_round("node", 2, env);
   REQUIRE(b.size() == 2);
   CHECK(b[0].cpus == std::vector<int>{0});

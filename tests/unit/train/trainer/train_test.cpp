@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -338,7 +340,7 @@ TEST_CASE("options: the words become enums once, a bad word names its flag", "[u
   CHECK(o.precision == Precision::fp32);
   CHECK(o.dataset == DatasetKind::fashion_mnist);
   CHECK(o.model == ModelKind::mlp);
-  CHECK(o.optimizer.kind == OptimizerKind::sgd);
+  CHECK(o.optimizer.kind == OptimizerKind::adam);  // the mlp's recipe
   ChoiceWords w;
   w.dataset = "synthetic";  // no --model: linear
   w.optimizer = "adam";
@@ -541,4 +543,51 @@ TEST_CASE("progress writer: one line per report, never blocks, stops when the ag
   CHECK(why.empty());  // unset: off, nothing to warn about
   CHECK_FALSE(ProgressWriter::from_env(std::string("nope"), &why).on());
   CHECK_THAT(why, Catch::Contains("DDPRUN_PROGRESS_FD 'nope'"));
+}
+
+TEST_CASE("options: each model trains with its reference recipe unless told otherwise",
+          "[unit][train]") {
+  const auto no_gpu = [] { return false; };
+  const auto with = [&](const std::string& model, const std::string& optimizer = "",
+                        std::optional<float> lr = std::nullopt) {
+    TrainOptions o;
+    ChoiceWords w;
+    w.model = model;
+    w.optimizer = optimizer;
+    if (lr) {
+      o.optimizer.lr = *lr;
+      w.lr_given = true;
+    }
+    apply_choices(w, no_gpu, o);
+    return o;
+  };
+  auto o = with("convnet");  // PyTorch's MNIST example
+  CHECK(o.optimizer.kind == OptimizerKind::adadelta);
+  CHECK(o.optimizer.lr == 1.0f);
+  CHECK(o.lr_gamma == 0.7f);
+  o = with("llama");  // the FSDP+TP recipe
+  CHECK(o.optimizer.kind == OptimizerKind::adamw);
+  CHECK(o.optimizer.lr == 3e-3f);
+  CHECK(o.lr_gamma == 1.0f);
+  for (const char* m : {"mlp", "autoencoder"}) {  // the Fashion-MNIST tutorials'
+    o = with(m);
+    CHECK(o.optimizer.kind == OptimizerKind::adam);
+    CHECK(o.optimizer.lr == 1e-3f);
+  }
+  o = with("linear");  // the DDP tutorials'
+  CHECK(o.optimizer.kind == OptimizerKind::sgd);
+  CHECK(o.optimizer.lr == 1e-3f);
+  o = with("llama", "sgd");  // another optimizer: torch.optim's rate, no schedule
+  CHECK(o.optimizer.kind == OptimizerKind::sgd);
+  CHECK(o.optimizer.lr == 1e-3f);
+  o = with("mlp", "adadelta");
+  CHECK(o.optimizer.lr == 1.0f);
+  CHECK(o.lr_gamma == 1.0f);
+  o = with("convnet", "adadelta", 0.5f);  // a given --lr wins, the schedule stays the recipe's
+  CHECK(o.optimizer.lr == 0.5f);
+  CHECK(o.lr_gamma == 0.7f);
+  CHECK_THAT(recipes_text(), Catch::Contains("convnet: adadelta lr 1, lr-gamma 0.7") &&
+                                 Catch::Contains("llama: adamw lr 0.003") &&
+                                 Catch::Contains("mlp: adam lr 0.001") &&
+                                 Catch::Contains("linear: sgd lr 0.001"));
 }

@@ -28,7 +28,15 @@ struct RendezvousOptions {
   bool by_node_rank = false;  // static backend: group rank = --node-rank
   std::chrono::milliseconds join_timeout{600000};
   std::chrono::milliseconds last_call{30000};  // after MIN joined, how long to wait for more
+  // While fewer than MIN nodes have joined: every `notice_every`, on_wait gets a line saying how
+  // many joined, where (`where`: the store's HOST:PORT or the etcd cluster) and what to check.
+  std::string where{};
+  std::chrono::milliseconds notice_every{30000};
+  std::function<void(const std::string&)> on_wait{};
 };
+
+// What every node must share to meet in one round, in the words of the backend in use.
+std::string join_hint(bool static_backend);
 
 // A spare (a node beyond MAX) saw the job finish without needing it.
 struct SpareNotNeeded {};
@@ -89,6 +97,10 @@ class Rendezvous {
   void assign(int round, int members, std::chrono::steady_clock::time_point give_up);
   // Waits for round r's event as a spare; returns the round to join next.
   int wait_as_spare(int r, std::chrono::steady_clock::time_point give_up);
+  // Waits for round r's seal while fewer than MIN joined: on_wait's line every notice_every;
+  // TimeoutError at give_up, naming the count, the store and join_hint().
+  void wait_for_min(const std::string& seal_key, int r, std::chrono::steady_clock::time_point start,
+                    std::chrono::steady_clock::time_point give_up);
   [[noreturn]] void throw_finished() const;
 
   rdzv::Store& store_;

@@ -45,6 +45,8 @@ struct WorkerExit {
   bool failed() const { return signal != 0 || exit_code != 0; }
   // torchrun-style: the exit code, or "Signal 11 (SIGSEGV)"; an OOM kill's headline follows.
   std::string describe() const;
+  // In words, for people: "exit code 2", or describe()'s signal text.
+  std::string in_words() const;
 };
 
 class WorkerGroup {
