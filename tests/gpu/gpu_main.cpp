@@ -5,11 +5,12 @@
 
 #include "ddp/kernels/device.hpp"
 #include "support/catch_run.hpp"
+#include "support/skip.hpp"
 
 int main(int argc, char** argv) {
   int n = ddp::kernels::cuda_device_count();
   if (n == 0) {
-    std::printf("SKIPPED: no CUDA device visible to this process; GPU tests did not run\n");
+    ddp::test::note_suite_skip("no CUDA device visible to this process: the GPU tests did not run");
     return 77;
   }
   for (int i = 0; i < n; ++i) {

@@ -111,3 +111,23 @@ def test_ddpstore_add_names_a_bad_number():
         assert "add: 'five' is not an integer" in p.stderr
     finally:
         assert d.stop() == 0
+
+
+def test_ddpstore_takes_the_same_secret_file_flag_as_ddprund(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("a-secret-of-the-job-0123456789\n")
+    secret.chmod(0o600)
+    d = Daemon("--secret-file", str(secret))
+    try:
+        ddpstore(d.port, "--secret-file", str(secret), "set", "k", "v")
+        assert ddpstore(d.port, "--secret-file", str(secret), "get", "k").stdout == "v\n"
+        refused = ddpstore(d.port, "get", "k", check=False)  # no secret: refused
+        assert refused.returncode != 0 and "v\n" != refused.stdout, refused
+        both = subprocess.run([os.path.join(BIN, "ddpstore"), "--endpoint", f"127.0.0.1:{d.port}",
+                               "--secret-file", str(secret), "ping"], capture_output=True,
+                              text=True, timeout=30,
+                              env=dict(os.environ, DDPRUN_STORE_SECRET="another-secret-0123456789"))
+        assert both.returncode != 0, both
+        assert "--secret-file and DDPRUN_STORE_SECRET(_FILE) are both set" in both.stderr, both
+    finally:
+        assert d.stop() == 0

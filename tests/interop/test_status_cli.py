@@ -463,3 +463,33 @@ def test_real_job_as_it_runs_and_restarts(launcher, tmp_path):  # noqa: F811 (fi
         a.proc.send_signal(signal.SIGTERM)
     for a in agents:
         a.wait(60)
+
+
+# ------------------------------------------------------- (c) a --standalone job can be found
+
+def test_a_standalone_job_prints_where_ddprun_status_finds_it(tmp_path):
+    # A --standalone job's store port is chosen at start: ddprun prints it, with the command.
+    p = popen_retry([DDPRUN, "--standalone", "--nproc-per-node=1", "--no-python", "/bin/sleep",
+                     "30"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    try:
+        line, deadline = "", time.monotonic() + 30
+        while "rendezvous store on" not in line and time.monotonic() < deadline:
+            line = p.stderr.readline()
+        assert "rendezvous store on" in line, line
+        hint = line.split("follow the job with: ", 1)[1].split()
+        assert hint[:3] == ["ddprun", "status", "--rdzv-endpoint"], line
+        endpoint, run_id = hint[3], hint[5]
+        assert line.startswith(f"ddprun: rendezvous store on {endpoint} (run id {run_id})"), line
+        doc = None
+        for _ in range(50):  # the agent's first record follows its round
+            q = status(f"--rdzv-endpoint={endpoint}", f"--run-id={run_id}", "--json")
+            if q.returncode == 0:
+                doc = json.loads(q.stdout)
+                break
+            time.sleep(0.2)
+        assert doc is not None, q.stderr
+        assert doc["run_id"] == run_id, doc
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)

@@ -39,6 +39,16 @@ void note_skip(const std::string& reason) {
          << ", \"reason\": " << json_string(reason) << "}\n";
 }
 
+void note_suite_skip(const std::string& reason) {
+  std::cout << "DDP_SKIPPED: " << reason << std::endl;
+  const char* path = std::getenv("DDP_TEST_REPORT");
+  if (path == nullptr || *path == '\0') return;
+  const char* suite = std::getenv("DDP_SUITE");
+  std::ofstream report(path, std::ios::app);
+  report << "{\"suite\": " << json_string(suite != nullptr ? suite : "catch2")
+         << ", \"test\": \"(the whole suite)\", \"reason\": " << json_string(reason) << "}\n";
+}
+
 bool tools_required() {
   const char* v = std::getenv("DDP_REQUIRE_TOOLS");
   return v != nullptr && std::string(v) == "1";

@@ -17,6 +17,9 @@ namespace ddp::test {
 
 // Prints "DDP_SKIPPED: reason" and appends it to DDP_TEST_REPORT, if set, as one JSON line.
 void note_skip(const std::string& reason);
+// The same for a whole suite that skips before Catch2 runs (the GPU tests without a device):
+// its suite is DDP_SUITE (the ctest name, tests/CMakeLists.txt).
+void note_suite_skip(const std::string& reason);
 // True when DDP_REQUIRE_TOOLS=1.
 bool tools_required();
 

@@ -14,12 +14,6 @@ namespace {
 
 namespace gpu = kernels::cuda;
 
-gpu::Act to_gpu(Act a) {
-  return a == Act::relu ? gpu::Act::relu : a == Act::sigmoid ? gpu::Act::sigmoid : gpu::Act::none;
-}
-
-int as_int(std::size_t v) { return static_cast<int>(v); }
-
 }  // namespace
 
 DevicePool::DevicePool(int device, cudaStream_t stream) : stream_(stream) {

@@ -20,10 +20,19 @@
 #include <vector>
 
 #include "ddp/kernels/check.hpp"
+#include "ddp/kernels/cuda_ops.hpp"
 #include "model.hpp"
 #include "optimizer.hpp"
 
 namespace ddp::train {
+
+// The model's activation as the kernels' enum (cuda_engine.cpp and cuda_net.cpp share it).
+inline kernels::cuda::Act to_gpu(Act a) {
+  using G = kernels::cuda::Act;
+  return a == Act::relu ? G::relu : a == Act::sigmoid ? G::sigmoid : G::none;
+}
+// A size as the int that cuBLAS and the kernels take (sizes are bounded well below INT_MAX).
+inline int as_int(std::size_t v) { return static_cast<int>(v); }
 
 // cudaMalloc'd memory of `count` T (at least one), freed with the object.
 template <typename T>
