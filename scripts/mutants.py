@@ -69,7 +69,10 @@ def tests_pass(build_dir, tests):
         argv = [os.path.join(build_dir, "bin", tests[1]), tests[2]]
     else:
         argv = [VENV_PY, "-m", "pytest", "-q", "-x", os.path.join(ROOT, tests[1]), "-k", tests[2]]
-    p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    try:
+        p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return False  # the mutant made its tests hang: they did not pass
     return p.returncode == 0
 
 

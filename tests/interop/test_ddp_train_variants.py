@@ -25,6 +25,7 @@ pytestmark = needs_ddp_train
 @pytest.mark.parametrize("bad", [
     ["--model", "resnet"],
     ["--optimizer", "rmsprop"],
+    ["--optimizer", ""],  # no name is not "the model's recipe"
     ["--batch-size", "abc"],
     ["--grad-accum", "0"],
     ["--lr", "fast"],

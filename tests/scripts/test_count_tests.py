@@ -61,6 +61,16 @@ def test_a_failed_entry_whose_pytest_reported_no_failure_is_one_failure():
     assert ct.count([("hostile: store", "failed")], suites) == (3, 2, 0)
 
 
+def test_a_case_skipped_inside_a_passed_whole_suite_counts_as_a_skip():
+    results = [("gpu: kernels and devices", "passed"), ("unit/a", "skipped")]
+    _, skips = ct.read_report(report(
+        {"suite": "gpu: kernels and devices", "test": "2 GPUs: each level", "reason": "1 GPU"},
+        {"suite": "catch2", "test": "a", "reason": "no etcd"}))  # ctest counted this one
+    assert ct.count(results, {}, skips) == (1, 0, 2)
+    # A whole suite that skipped is one skip, however many reasons it wrote.
+    assert ct.count([("gpu: kernels and devices", "skipped")], {}, skips) == (0, 0, 1)
+
+
 def test_a_bad_report_line_is_named():
     with pytest.raises(SystemExit, match="report line 2 is not JSON"):
         ct.read_report(["{}", "{not json"])

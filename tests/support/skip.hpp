@@ -2,7 +2,8 @@
 // test that returns early passes; so the message goes to stdout behind "DDP_SKIPPED: ", which
 // tests/CMakeLists.txt gives ctest as SKIP_REGULAR_EXPRESSION: ctest then counts the case as
 // skipped ("***Skipped"), and its reason goes to the report scripts/test.sh prints at the end
-// (DDP_TEST_REPORT, skip.cpp).
+// (DDP_TEST_REPORT, skip.cpp). In a suite that ctest runs whole (the GPU tests), the report's
+// line is what counts the skip (scripts/count_tests.py).
 // DDP_SKIP_TOOL(message): the same for a tool that scripts/setup.sh installs (etcd, py-spy,
 // eu-stack, the torch venv): a failure where DDP_REQUIRE_TOOLS=1 (scripts/test.sh), since there
 // a missing tool is a broken set-up, not a machine without it.

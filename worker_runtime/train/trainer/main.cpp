@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   auto* lr = app.add_option("--lr", o.optimizer.lr,
                             "learning rate (default: the model's recipe, or torch.optim's default "
                             "for another --optimizer)");
-  app.add_option(
+  auto* optimizer = app.add_option(
       "--optimizer", words.optimizer,
       "sgd | adam | adadelta | adamw (default: the model's recipe: " + train::recipes_text() + ")");
   auto* lr_gamma = app.add_option("--lr-gamma", o.lr_gamma,
@@ -220,6 +220,9 @@ int main(int argc, char** argv) {
     if (threads < 1) throw ConfigError("--threads must be >= 1");
     if (denormals != "flush" && denormals != "keep") {
       throw ConfigError("--denormals must be flush or keep, not '" + denormals + "'");
+    }
+    if (optimizer->count() > 0 && words.optimizer.empty()) {  // "" is no name, not the recipe
+      throw ConfigError("--optimizer '': expected sgd, adam, adadelta or adamw");
     }
     words.lr_given = lr->count() > 0;
     words.lr_gamma_given = lr_gamma->count() > 0;
