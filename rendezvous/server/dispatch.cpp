@@ -139,7 +139,7 @@ Outcome dispatch(const proto::Request& req, DispatchContext& ctx) {
                                                    ctx.now, ctx.self, ctx.max_leases));
         return Outcome::replied;
       case Op::lease_keepalive:
-        reply().u8(t.lease_keepalive(req.u64, ctx.now) ? 0 : 1);
+        reply().u8(t.lease_keepalive(req.u64, ctx.now, ctx.self) ? 0 : 1);
         return Outcome::replied;
       case Op::lease_revoke: reply().u8(t.lease_revoke(req.u64) ? 0 : 1); return Outcome::replied;
       case Op::set_with_lease:

@@ -57,6 +57,7 @@ void KvTable::set(std::string_view key, std::string_view value, Woken& woken) {
     it->second.assign(value);
   }
   detach_lease(key);
+  if (sink_) sink_->put(key, value);
   changed(key, woken);
 }
 
@@ -67,6 +68,7 @@ std::string KvTable::compare_set(std::string_view key, std::string_view expected
     if (!expected.empty()) return std::string(expected);
     charge(static_cast<std::int64_t>(entry_bytes(key, desired)), key);
     kv_.emplace(std::string(key), std::string(desired));
+    if (sink_) sink_->put(key, desired);
     changed(key, woken);
     return std::string(desired);
   }
@@ -74,6 +76,7 @@ std::string KvTable::compare_set(std::string_view key, std::string_view expected
     charge(signed_diff(desired.size(), it->second.size()), key);
     it->second.assign(desired);
     std::string out = it->second;
+    if (sink_) sink_->put(key, desired);
     changed(key, woken);
     return out;
   }
@@ -107,6 +110,7 @@ std::int64_t KvTable::add(std::string_view key, std::int64_t delta, Woken& woken
     charge(signed_diff(text.size(), it->second.size()), key);
     it->second = std::move(text);
   }
+  if (sink_) sink_->put(key, kv_.find(key)->second);
   changed(key, woken);
   return next;
 }
@@ -120,6 +124,7 @@ void KvTable::append(std::string_view key, std::string_view data, Woken& woken) 
     charge(static_cast<std::int64_t>(data.size()), key);
     it->second.append(data);
   }
+  if (sink_) sink_->append(key, data);
   changed(key, woken);
 }
 
@@ -129,6 +134,7 @@ bool KvTable::erase(std::string_view key) {
   detach_lease(key);
   bytes_ -= entry_bytes(it->first, it->second);
   kv_.erase(it);
+  if (sink_) sink_->erase(key);
   return true;
 }
 
@@ -150,6 +156,7 @@ void KvTable::queue_push(std::string_view key, std::string_view value, Woken& wo
   auto it = queues_.find(key);
   if (it == queues_.end()) it = queues_.emplace(std::string(key), std::deque<std::string>{}).first;
   it->second.emplace_back(value);
+  if (sink_) sink_->queue_push(key, value);
   // One value, one consumer: wake only the oldest waiter (torch's wakeupOneWaitingClient).
   auto w = waiting_.find(key);
   if (w == waiting_.end() || w->second.empty()) return;
@@ -171,6 +178,7 @@ std::int64_t KvTable::queue_pop(std::string_view key, std::string& out) {
   it->second.pop_front();
   bytes_ -= entry_bytes(key, out);
   if (it->second.empty()) queues_.erase(it);
+  if (sink_) sink_->queue_pop(key);
   return len;
 }
 
@@ -273,14 +281,56 @@ LeaseId KvTable::lease_grant(Millis ttl, WaiterId owner, Millis now, WaiterId cr
   l.owner = owner;
   l.creator = creator;
   leases_.emplace(id, std::move(l));
+  if (sink_) sink_->lease(id, ttl, owner != 0);
   return id;
 }
 
-bool KvTable::lease_keepalive(LeaseId id, Millis now) {
+bool KvTable::lease_keepalive(LeaseId id, Millis now, WaiterId caller) {
   auto it = leases_.find(id);
   if (it == leases_.end()) return false;
+  if (it->second.owner == kDetachedOwner && caller != 0) it->second.owner = caller;
   it->second.expiry = expiry_after(now, it->second.ttl);
   return true;
+}
+
+void KvTable::extend_leases(Millis gap) {
+  for (auto& [id, l] : leases_) {
+    if (l.expiry != Millis::max()) l.expiry = l.expiry > Millis::max() - gap ? Millis::max()
+                                                                              : l.expiry + gap;
+  }
+}
+
+void KvTable::restore_lease(LeaseId id, Millis ttl, bool bound, Millis now) {
+  Lease l;
+  l.ttl = ttl;
+  l.expiry = expiry_after(now, bound && ttl.count() <= 0 ? kDetachedGrace : ttl);
+  l.owner = bound ? kDetachedOwner : 0;
+  bytes_ += kLeaseOverhead;
+  ++leases_by_creator_[0];
+  leases_[id] = std::move(l);
+  next_lease_ = std::max(next_lease_, id + 1);
+  if (sink_) sink_->lease(id, ttl, bound);
+}
+
+void KvTable::restore_lease_key(LeaseId id, std::string_view key) {
+  auto it = leases_.find(id);
+  if (it == leases_.end() || kv_.find(key) == kv_.end()) return;
+  it->second.keys.emplace(key);
+  key_lease_[std::string(key)] = id;
+  if (sink_) sink_->lease_key(id, key);
+}
+
+void KvTable::dump(ChangeSink& out) const {
+  for (const auto& [k, v] : kv_) out.put(k, v);
+  for (const auto& [k, q] : queues_) {
+    for (const auto& v : q) out.queue_push(k, v);
+  }
+  for (const auto& [id, l] : leases_) {
+    out.lease(id, l.ttl, l.owner != 0);
+    for (const auto& k : l.keys) out.lease_key(id, k);
+    if (!l.will_key.empty()) out.lease_will(id, l.will_key, l.will_value);
+  }
+  out.next_lease(next_lease_);
 }
 
 bool KvTable::lease_revoke(LeaseId id) {
@@ -297,6 +347,7 @@ bool KvTable::set_with_lease(std::string_view key, std::string_view value, Lease
   set(key, value, woken);  // detaches from any previous lease
   it->second.keys.emplace(key);
   key_lease_.emplace(std::string(key), id);
+  if (sink_) sink_->lease_key(id, key);
   return true;
 }
 
@@ -308,6 +359,7 @@ bool KvTable::lease_will(LeaseId id, std::string_view key, std::string_view valu
   charge(signed_diff(key.size() + value.size(), l.will_key.size() + l.will_value.size()), key);
   l.will_key = key;
   l.will_value = value;
+  if (sink_) sink_->lease_will(id, key, value);
   return true;
 }
 
@@ -365,6 +417,7 @@ void KvTable::drop_lease(std::unordered_map<LeaseId, Lease>::iterator it, Woken*
       c != leases_by_creator_.end() && --c->second == 0) {
     leases_by_creator_.erase(c);
   }
+  if (sink_) sink_->lease_drop(it->first);
   leases_.erase(it);
   if (woken == nullptr || key.empty() || exists(key)) return;
   try {

@@ -27,6 +27,9 @@ using asio::ip::tcp;
 
 namespace {
 constexpr auto kSweepPeriod = std::chrono::milliseconds(50);
+// A sweep this late means the process was not running (see sweep()).
+constexpr auto kFrozenAfter = std::chrono::milliseconds(1500);
+constexpr auto kCompactionCheck = std::chrono::milliseconds(1000);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
 // Half the cores, 1 to 4: the store shares its host with an agent and workers, and on small
@@ -230,6 +233,8 @@ struct StoreServer::Impl {
 
   // Expires leases on the server's clock: the timer is set for the next lease to expire
   // (at most kSweepPeriod away), so a will fires within about a millisecond of its TTL.
+  // A timer that fires this late means the server did not run (SIGSTOP, a suspended host or
+  // VM): nobody could renew a lease meanwhile, so the leases get that time back.
   void sweep() {
     Millis wait = kSweepPeriod;
     {
@@ -238,20 +243,37 @@ struct StoreServer::Impl {
         wait = std::clamp(*next - shared.now() + Millis(1), Millis(1), kSweepPeriod);
       }
     }
+    const Millis due = shared.now() + wait;
     sweeper->expires_after(wait);
-    sweeper->async_wait([this](const boost::system::error_code& ec) {
+    sweeper->async_wait([this, due](const boost::system::error_code& ec) {
       if (ec) return;
       std::vector<std::shared_ptr<Session>> wake;
+      bool compact = false;
       {
         std::lock_guard<std::mutex> g(shared.mu);
+        const Millis late = shared.now() - due;
+        if (late > kFrozenAfter) {
+          shared.table.extend_leases(late);
+          logger("rdzv").warn(
+              "the store did not run for {:.1f} s (stopped, or its host suspended); every "
+              "lease gets that time back",
+              static_cast<double>(late.count()) / 1000);
+        }
         Woken woken;  // wills of expired leases
         shared.table.expire(shared.now(), woken);
         wake = claim_wakes(shared, woken);
+        if (shared.journal && shared.now() >= next_compaction_check) {
+          next_compaction_check = shared.now() + kCompactionCheck;
+          compact = shared.journal->wants_compaction();
+          if (compact) shared.journal->compact(shared.table);
+        }
       }
+      shared.commit();
       post_wakes(wake);
       sweep();
     });
   }
+  Millis next_compaction_check{0};
 };
 
 StoreServer::StoreServer(ServerOptions options)
@@ -263,6 +285,10 @@ void StoreServer::start() {
   auto& m = *impl_;
   if (m.started) return;
   m.check_budgets();
+  if (!m.opts.data_dir.empty()) {
+    JournalOptions jo{m.opts.data_dir, m.opts.fsync_interval, m.opts.journal_compact_bytes};
+    m.shared.journal = std::make_unique<Journal>(jo, m.shared.table, m.shared.now());
+  }
   m.bind();
   m.started = true;
   m.accept();
@@ -295,6 +321,11 @@ void StoreServer::stop() {
     m.shared.sessions.clear();
   }
   for (auto& s : live) s->abort();
+  m.shared.journal.reset();  // the last records written and synced
+}
+
+ReplayReport StoreServer::replayed() const {
+  return impl_->shared.journal ? impl_->shared.journal->replayed() : ReplayReport{};
 }
 
 void StoreServer::set_trusted(std::vector<Cidr> trusted) {
@@ -335,6 +366,12 @@ ServerStats StoreServer::stats() const {
     st.keys = s.table.num_keys();
     st.table_bytes = s.table.bytes();
     st.leases = s.table.num_leases();
+  }
+  if (s.journal) {
+    st.journal = true;
+    st.journal_bytes = s.journal->journal_bytes();
+    st.journal_compactions = s.journal->compactions();
+    st.journal_failed = s.journal->failed();
   }
   return st;
 }

@@ -224,6 +224,7 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
 
 void Session::pump() {
   process();
+  shared_.commit();  // the journal holds a change before its reply goes out
   flush();
   read();
 }
@@ -307,6 +308,7 @@ bool Session::handle(const proto::Request& req) {
   } else {
     outcome = dispatch(req, ctx);
   }
+  if (!wake.empty()) shared_.commit();
   post_wakes(wake);
   if (outcome != Outcome::waiting) wait_bytes_ = 0;
   if (outcome == Outcome::failed) {
@@ -424,6 +426,7 @@ void Session::close() {
     shared_.sessions.erase(id_);
     wake = claim_wakes(shared_, woken);
   }
+  shared_.commit();
   post_wakes(wake);
   shared_.connections_open.fetch_sub(1);
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ddp/proto/decoder.hpp"
+#include "ddp/rdzv/journal.hpp"
 #include "ddp/rdzv/kv_table.hpp"
 #include "ddp/rdzv/server.hpp"
 #include "ddp/proto/opcodes.hpp"
@@ -28,6 +29,11 @@ class Session;
 struct SharedState {
   std::mutex mu;
   KvTable table;
+  // ddprund --data-dir (journal.hpp; null: none): committed before replies and wake-ups go out.
+  std::unique_ptr<Journal> journal;
+  void commit() {
+    if (journal) journal->commit();
+  }
   std::unordered_map<WaiterId, std::weak_ptr<Session>> sessions;
   proto::Limits limits;
   std::size_t max_connection_bytes = 0, max_client_bytes = 0, max_pending_reply_bytes = 0;

@@ -113,7 +113,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(-1, 65535));
   app.add_option("--http-port-file", http_port_file,
                  "write the bound HTTP port to this file once listening");
+  app.add_option("--data-dir", opts.data_dir,
+                 "keep the store's state in this directory (a journal and a snapshot), so that "
+                 "a restarted ddprund loses nothing (docs/rendezvous.md)");
+  double fsync_s = static_cast<double>(opts.fsync_interval.count()) / 1000;
+  app.add_option("--fsync-interval", fsync_s,
+                 "with --data-dir: seconds between fdatasyncs of the journal (0: before every "
+                 "reply); a change is always written before its reply, so a killed ddprund "
+                 "loses nothing, and a crashed host at most this much")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 60.0));
+  app.add_option("--journal-max-bytes", opts.journal_compact_bytes,
+                 "with --data-dir: compact the journal into a snapshot past this size (or twice "
+                 "the snapshot's)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 40));
   CLI11_PARSE(app, argc, argv);
+  opts.fsync_interval = std::chrono::milliseconds(static_cast<long>(fsync_s * 1000));
   if (http_host.empty()) http_host = opts.host;
   opts.frame_timeout = std::chrono::milliseconds(static_cast<long>(frame_timeout_s * 1000));
 
@@ -148,6 +164,11 @@ int main(int argc, char** argv) {
     }
     ddp::rdzv::StoreServer server(opts);
     server.start();
+    if (!opts.data_dir.empty()) {
+      const auto r = server.replayed();
+      std::cout << "ddprund: restored " << r.keys << " keys and " << r.leases << " leases from "
+                << opts.data_dir << " (" << r.records << " records)" << std::endl;
+    }
     std::cout << "ddprund listening on " << opts.host << ":" << server.port()
               << (opts.secret.empty() ? "" : " (clients must authenticate)") << std::endl;
     // The views read the store through a client of their own, on the HTTP thread; short

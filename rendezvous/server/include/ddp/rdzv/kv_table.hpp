@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -30,6 +31,31 @@ struct StringHash {
 template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
+// What a KvTable tells of each change to its state, in order (the journal of ddprund
+// --data-dir, journal.hpp). Waiters are not state: a restarted store has none.
+class ChangeSink {
+ public:
+  virtual ~ChangeSink() = default;
+  virtual void put(std::string_view key, std::string_view value) = 0;  // set, CAS, ADD
+  virtual void erase(std::string_view key) = 0;
+  virtual void append(std::string_view key, std::string_view data) = 0;
+  virtual void queue_push(std::string_view key, std::string_view value) = 0;
+  virtual void queue_pop(std::string_view key) = 0;
+  // A lease granted (ttl 0: none; `bound`: to its connection's life), or one restored.
+  virtual void lease(LeaseId id, Millis ttl, bool bound) = 0;
+  virtual void lease_key(LeaseId id, std::string_view key) = 0;  // after the key's put
+  virtual void lease_will(LeaseId id, std::string_view key, std::string_view value) = 0;
+  // The lease and its keys are gone; a will that fires follows as a put.
+  virtual void lease_drop(LeaseId id) = 0;
+  virtual void next_lease(LeaseId id) = 0;  // ids below this were used (snapshots only)
+};
+
+// The owner of a bound lease restored from a journal: its connection is gone, and the next
+// connection that renews it (LEASE_KEEPALIVE) becomes its owner.
+inline constexpr std::uint64_t kDetachedOwner = ~std::uint64_t{0};
+// How long a restored bound lease without a ttl waits for its owner to come back.
+inline constexpr std::chrono::milliseconds kDetachedGrace{60000};
+
 class KvTable {
  public:
   // Every stored key, value and queued item is counted as its bytes plus this overhead.
@@ -42,6 +68,7 @@ class KvTable {
   // and the table is left as it was.
   void set_max_bytes(std::size_t max) { max_bytes_ = max; }
   std::size_t bytes() const { return bytes_; }
+  std::size_t max_bytes() const { return max_bytes_; }
 
   // --- keys --------------------------------------------------------------------------------
   void set(std::string_view key, std::string_view value, Woken& woken);
@@ -81,7 +108,8 @@ class KvTable {
   // past it, or past the byte cap, throws ProtocolError.
   LeaseId lease_grant(Millis ttl, WaiterId owner, Millis now, WaiterId creator = 0,
                       std::size_t max_per_creator = 0);
-  bool lease_keepalive(LeaseId id, Millis now);
+  // Renews the lease; a restored bound lease (kDetachedOwner) is bound to `caller` from now on.
+  bool lease_keepalive(LeaseId id, Millis now, WaiterId caller = 0);
   bool lease_revoke(LeaseId id);  // deletes the lease's keys
   bool set_with_lease(std::string_view key, std::string_view value, LeaseId id, Woken& woken);
   // The lease's will (key set to value if absent when the lease expires or its owner's
@@ -93,6 +121,20 @@ class KvTable {
   // Drops leases past their ttl (their wills fire into `woken`); returns how many.
   std::size_t expire(Millis now, Woken& woken);
   std::size_t num_leases() const { return leases_.size(); }
+  // The server was not running for `gap` (stopped, or its host suspended): no client could
+  // renew its lease meanwhile, so every expiry moves by `gap`.
+  void extend_leases(Millis gap);
+
+  // --- the journal (journal.hpp) -----------------------------------------------------------
+  // Every change from now on is told to `sink` (null: none).
+  void set_sink(ChangeSink* sink) { sink_ = sink; }
+  // The whole state as changes, as a snapshot holds it.
+  void dump(ChangeSink& out) const;
+  // Replay: a lease as it was (bound ones wait for their owner, kDetachedOwner), a key of it
+  // (already put), and the first id not to hand out again.
+  void restore_lease(LeaseId id, Millis ttl, bool bound, Millis now);
+  void restore_lease_key(LeaseId id, std::string_view key);
+  void restore_next_lease(LeaseId id) { next_lease_ = std::max(next_lease_, id); }
 
  private:
   struct Awaited {
@@ -128,6 +170,7 @@ class KvTable {
   StringMap<LeaseId> key_lease_;
   std::unordered_map<WaiterId, std::size_t> leases_by_creator_;
   LeaseId next_lease_ = 1;
+  ChangeSink* sink_ = nullptr;
   std::size_t bytes_ = 0;
   std::size_t max_bytes_ = 0;
 };

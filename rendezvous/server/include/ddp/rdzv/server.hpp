@@ -13,6 +13,7 @@
 
 #include "ddp/proto/opcodes.hpp"
 #include "ddp/rdzv/access.hpp"
+#include "ddp/rdzv/journal.hpp"
 
 namespace ddp::rdzv {
 
@@ -45,6 +46,10 @@ struct ServerOptions {
   std::string secret;
   std::vector<Cidr> trusted;
   bool closed = false;
+  // ddprund --data-dir (journal.hpp): the state survives a restart. Empty: memory only.
+  std::string data_dir;
+  std::chrono::milliseconds fsync_interval{1000};  // 0: fdatasync before every reply
+  std::size_t journal_compact_bytes = std::size_t{64} << 20;
 };
 
 // Requests as the server's counters group them (the `op` label of the store metrics).
@@ -113,6 +118,11 @@ struct ServerStats {
   std::uint64_t refused_address = 0;          // a closed store, a peer outside its networks
   std::uint64_t refused_unauthenticated = 0;  // a request before authenticating
   std::uint64_t auth_failures = 0;            // a wrong proof, or AUTH without a challenge
+  // --data-dir: the journal's size now, compactions since start, and whether writing it failed.
+  bool journal = false;
+  std::uint64_t journal_bytes = 0;
+  std::uint64_t journal_compactions = 0;
+  bool journal_failed = false;
 };
 
 class StoreServer {
@@ -125,6 +135,8 @@ class StoreServer {
   // Binds and starts the event loops; throws ddp::IoError if the address cannot be bound and
   // ddp::ConfigError for budgets that cannot hold one largest request.
   void start();
+  // With --data-dir, after start(): what the replay restored (journal.hpp).
+  ReplayReport replayed() const;
   // Closes the listener and every connection, joins the loops. Idempotent.
   void stop();
 
