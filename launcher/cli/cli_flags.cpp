@@ -126,6 +126,11 @@ constexpr FlagSpec kFlags[] = {
      "ddprun's own: publish this node's status (ranks, steps, restarts, CPU/GPU) to the "
      "rendezvous store this often, for ddprun status and the live views (0: off). See "
      "docs/status.md."},
+    {"store_outage_grace", "--store-outage-grace,--store_outage_grace", false, true, G::ddprun,
+     "SECONDS", "300",
+     "ddprun's own: while the rendezvous store is unreachable (restarted, stopped, cut off), the "
+     "workers go on and the agent reconnects; it stops the job only after this long (0: at "
+     "once). See docs/rendezvous.md."},
     {"http_port", "--http-port,--http_port", false, true, G::ddprun, "PORT", "off",
      "ddprun's own: serve the live page, /api/status and /metrics on this port (0: a free one, "
      "printed at start)."},

@@ -75,6 +75,11 @@ void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>&
     throw ConfigError("--status-interval: " + raw.at("status_interval") +
                       " is below 0.1 s (0: off)");
   }
+  c.store_outage_grace_s =
+      static_cast<double>(parse_seconds(raw.at("store_outage_grace"), "--store-outage-grace", 0,
+                                        kMaxOutageGraceSeconds)
+                              .count()) /
+      1000.0;
   if (raw.at("http_port") != kUnset && raw.at("http_port") != "off") {
     c.http_port = static_cast<int>(parse_int(raw.at("http_port"), "--http-port", 0, 65535));
   }

@@ -248,7 +248,12 @@ std::optional<HangAction> HangMonitor::check(SteadyTime now) {
     bus_->publish(summarize(now));
     const std::uint64_t epoch = bus_->triggered();
     if (epoch > answered_) answer_trigger(epoch);
+    paused_ = false;
     if (bus_->leader()) return lead(now);
+  } catch (const IoError& e) {
+    // The store is away (the agent rides the outage out, and says so): skip this check only.
+    (void)e;
+    paused_ = true;
   } catch (const Error& e) {
     broken_ = true;
     std::fprintf(stderr, "ddprun: hang detection stops for this round: %s\n", e.what());

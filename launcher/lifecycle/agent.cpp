@@ -25,6 +25,8 @@
 #include "ddp/launch/lifecycle.hpp"
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/liveness.hpp"
+#include "ddp/launch/outage.hpp"
+#include "ddp/launch/resilient_store.hpp"
 #include "ddp/launch/rendezvous.hpp"
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/launch/status_reporter.hpp"
@@ -44,6 +46,10 @@ namespace ddp::launch {
 namespace {
 
 using std::chrono::milliseconds;
+
+// How long one WAIT of the round watcher lasts before it is renewed: a store that stopped
+// answering is noticed (and shown as an outage) within about this plus a reply timeout.
+constexpr milliseconds kWatchSlice{30000};
 
 // The CPUs this process may run on, as torch._utils.cpu_count() (len(sched_getaffinity(0))).
 int usable_cpus() {
@@ -211,7 +217,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   StoreAccess access{proto::auth::job_secret().value_or(""), config.store_allow};
   const StoreClients clients = store_clients(
       seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout"),
-      ro.join_timeout, keep_alive * keep_alive_attempts, access.secret);
+      ro.join_timeout, keep_alive * keep_alive_attempts,
+      milliseconds(static_cast<long>(config.store_outage_grace_s * 1000)), access.secret);
   const rdzv::ClientOptions& co = clients.rendezvous;
   const std::string prefix_template =
       config.log_line_prefix_template ? *config.log_line_prefix_template : kDefaultPrefixTemplate;
@@ -258,17 +265,48 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
       return 128 + sig;
     }
   }
-  rdzv::Store& store =
-      etcd_store ? static_cast<rdzv::Store&>(*etcd_store) : static_cast<rdzv::Store&>(*tcp_store);
   const bool solo = config.private_store && config.max_nodes == 1;
   if (!solo && !is_static && tcp_store) {
     if (rs.server) {
-      store.set("/ddprun/" + config.rdzv_id + "/host",
-                hostname() + " pid " + std::to_string(::getpid()));
+      tcp_store->set("/ddprun/" + config.rdzv_id + "/host",
+                     hostname() + " pid " + std::to_string(::getpid()));
     } else if (rs.port_taken) {
       check_shared_store(*tcp_store, config.rdzv_id, rs);
     }
   }
+  // An unreachable store (restarted, stopped, cut off) does not stop the job: the agent's
+  // connections reconnect and the workers go on, within --store-outage-grace (docs/
+  // rendezvous.md, "When the store goes away"). The account of the outages feeds the live
+  // status (set below, once it exists).
+  StatusReporter* status_of_outages = nullptr;
+  OutageMonitor outages(
+      rdzv::Endpoint{rs.host, rs.port}.str(),
+      milliseconds(static_cast<long>(config.store_outage_grace_s * 1000)),
+      {[](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); },
+       [&status_of_outages](const OutageSummary& s) {
+         if (status_of_outages) status_of_outages->store_outage(s.count, s.total_s, s.away_s);
+       }});
+  Rendezvous* republisher = nullptr;  // puts back what a store that came back empty lost
+  auto republish = [&republisher](rdzv::Store& s) {
+    if (republisher) republisher->republish(s);
+  };
+  const auto seed = static_cast<std::uint64_t>(::getpid()) ^
+                    static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  auto resilient = [&](const rdzv::ClientOptions& o, const char* who, int cancel_fd,
+                       std::unique_ptr<rdzv::StoreClient> first) {
+    ResilientStore::Setup rs_setup;
+    rs_setup.connect = dialer(rs.host, rs.port, o);
+    rs_setup.monitor = &outages;
+    rs_setup.who = who;
+    rs_setup.cancel_fd = cancel_fd;
+    rs_setup.on_reconnect = republish;
+    rs_setup.seed = seed ^ std::hash<std::string>{}(who);
+    return std::make_unique<ResilientStore>(std::move(rs_setup), std::move(first));
+  };
+  std::unique_ptr<ResilientStore> main_store;
+  if (tcp_store) main_store = resilient(co, "rendezvous", sigfd, std::move(tcp_store));
+  rdzv::Store& store = etcd_store ? static_cast<rdzv::Store&>(*etcd_store)
+                                  : static_cast<rdzv::Store&>(*main_store);
   ro.where =
       etcd ? "the etcd cluster " + config.rdzv_endpoint : rdzv::Endpoint{rs.host, rs.port}.str();
   ro.on_wait = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
@@ -281,6 +319,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                  config.rdzv_id.c_str());
   }
   Rendezvous rdzv(store, ro);
+  republisher = &rdzv;
   RunLogDir logs(config.log_dir, config.rdzv_id);
   // Output the user asked to have in files is never deleted, even in a temporary folder.
   auto writes_files = [](const StdSpec& s) {
@@ -311,7 +350,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     liveness =
         std::make_unique<EtcdLiveness>(*etcd, rdzv.prefix(), keep_alive, keep_alive_attempts);
   } else if (!solo) {
-    liveness = std::make_unique<Liveness>(rs.host, rs.port, clients.liveness, keep_alive,
+    liveness = std::make_unique<Liveness>(dialer(rs.host, rs.port, clients.liveness), keep_alive,
                                           keep_alive_attempts);
   }
   if (!solo) {
@@ -325,16 +364,33 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   // Static and solo: the workers use the agent's store (static: on --master-port, as torchrun).
   std::function<void()> interrupt = [&] {
     if (etcd_store) etcd_store->interrupt();
-    if (tcp_store) tcp_store->interrupt();
+    if (main_store) main_store->interrupt();
   };
-  StoreRendezvous rounds({rdzv, tcp_store.get(), interrupt, sigfd, solo, rs.server != nullptr,
+  StoreRendezvous rounds({rdzv, main_store.get(), interrupt, sigfd, solo, rs.server != nullptr,
                           rs.host, rs.port, liveness.get(), lost_will, is_static || solo,
-                          workers.master_addr, workers.bind, access, rs.server.get()});
+                          workers.master_addr, workers.bind, access, rs.server.get(),
+                          [&] {
+                            if (main_store) main_store->stop_waiting();
+                          }});
   // The round's event, watched on a connection of its own.
   auto make_watcher = [&](const std::string& key) -> std::unique_ptr<EventWatcher> {
     if (etcd) return etcd_event_watcher(*etcd, key);
-    return std::make_unique<EventWatcher>(rs.host, rs.port, key, clients.watcher);
+    auto watch = resilient(clients.watcher, "watcher", -1, nullptr);
+    ResilientStore* w = watch.get();
+    return std::make_unique<EventWatcher>(std::move(watch), [w] { w->interrupt(); }, key,
+                                          kWatchSlice);
   };
+  // The hang monitor's bus: never holds up the agent's loop while the store is away.
+  std::unique_ptr<ResilientStore> health_store;
+  if (main_store && !solo) {
+    ResilientStore::Setup hs;
+    hs.connect = dialer(rs.host, rs.port, co);
+    hs.monitor = &outages;
+    hs.who = "health";
+    hs.report = false;
+    hs.impatient = true;
+    health_store = std::make_unique<ResilientStore>(std::move(hs));
+  }
   // torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): served here, its FIFO named to the
   // workers as torchrun does.
   const auto timer = FileTimerServer::from_env(agent_env);
@@ -346,6 +402,11 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   hang.straggler_factor = config.straggler_factor;
   // The live status: published to the rendezvous store, served with --http-port.
   StatusReporter status(status_setup(config, agent_env, rs, workers, clients.status));
+  status_of_outages = &status;
+  struct Unhook {  // the outage account outlives the status: it stops telling it first
+    StatusReporter*& hook;
+    ~Unhook() { hook = nullptr; }
+  } unhook{status_of_outages};
   status.start();
   LocalRound::Setup ls{config,
                        workers_env,
@@ -363,7 +424,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                        make_watcher,
                        hang,
                        timer.get(),
-                       solo ? nullptr : &store,
+                       solo ? nullptr
+                       : health_store ? static_cast<rdzv::Store*>(health_store.get())
+                                      : &store,
                        &status,
                        nvml_indices(agent_env)};
   LocalRound local(ls);

@@ -37,7 +37,7 @@ class StoreRendezvous final : public RendezvousPort {
  public:
   struct Setup {
     Rendezvous& rendezvous;
-    rdzv::StoreClient* client = nullptr;  // the TCP store's (null: etcd); clears worker keys
+    rdzv::Store* client = nullptr;  // the TCP store's (null: etcd); clears worker keys
     std::function<void()> interrupt;      // a stop signal while a round forms: gives up
     int sigfd = -1;
     bool solo = false;         // a private one-node store: nothing can block
@@ -58,6 +58,7 @@ class StoreRendezvous final : public RendezvousPort {
     // when this agent hosts it (static: it is the workers' store, so it admits them too).
     StoreAccess access;
     rdzv::StoreServer* store_server = nullptr;
+    std::function<void()> on_stopping;  // the agent stops: stop waiting for an absent store
   };
   explicit StoreRendezvous(Setup setup) : s_(std::move(setup)) {}
 
@@ -65,6 +66,9 @@ class StoreRendezvous final : public RendezvousPort {
   void finished(const Round& round) override;
   RoundEvent end_round(const Round& round, const RoundEvent& event, bool reopen) override;
   void depart(const Round& round) override;
+  void stopping() override {
+    if (s_.on_stopping) s_.on_stopping();
+  }
 
  private:
   Setup s_;

@@ -184,7 +184,12 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
       if (o.store_lost) store_error = o.store_error;
       if (o.all_done && !f.local_done && o.failed.empty() && o.stop_signal == 0) {
         f.local_done = true;  // every local worker exited 0: wait for the others' outcome
-        rdzv.finished(round);
+        try {
+          rdzv.finished(round);  // rides out an outage within --store-outage-grace
+        } catch (const Error& e) {
+          f.store_lost = true;
+          store_error = e.what();
+        }
       }
       d = decide(f);
     }
@@ -209,13 +214,29 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
                      f.restarts_left() ? "restarting" : "stopping the job");
       }
       const RoundEvent ours = failure_event(f, self.host, round.group_rank, g.base_global_rank);
-      f.event = rdzv.end_round(round, ours, f.restarts_left());
-      f.posted = true;
+      try {
+        // With the store away, this waits for it (within --store-outage-grace): the other
+        // nodes learn of the failure when it is back, and restart together as always.
+        f.event = rdzv.end_round(round, ours, f.restarts_left());
+        f.posted = true;
+      } catch (const Error& e) {
+        f.stop_signal = events.take_signal();
+        f.store_lost = f.stop_signal == 0;
+        store_error = e.what();
+        // This node's failure could not be posted: its summary now, then the store's loss.
+        if (!f.failures.empty()) {
+          std::fputs(format_failure_summary(c.entrypoint, f.failures).c_str(), stderr);
+        }
+        f.failures.clear();
+        f.spawn_error.clear();
+        f.hang.reset();
+      }
       d = decide(f);
     }
 
     switch (d.kind) {
       case Kind::exit_on_signal: {
+        rdzv.stopping();
         std::fprintf(stderr, "ddprun: received signal %d (%s), forwarding it to the workers\n",
                      f.stop_signal, strsignal(f.stop_signal));
         workers.stop(f.stop_signal);

@@ -277,7 +277,7 @@ void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,
   // No agent hosts it: a plain store (a ddprund), shared by design.
 }
 
-std::size_t clear_worker_keys(rdzv::StoreClient& store) {
+std::size_t clear_worker_keys(rdzv::Store& store) {
   std::size_t n = 0;
   for (const auto& k : store.list_keys()) {
     if (is_worker_key(k) && store.delete_key(k)) ++n;

@@ -51,7 +51,7 @@ RendezvousStore open_rendezvous_store(const LaunchConfig& config, const std::str
 
 // Deletes every key the workers wrote (is_worker_key) in an agent's store that serves them, so
 // that a restarted round never reads an earlier round's addresses or counters. Returns how many.
-std::size_t clear_worker_keys(rdzv::StoreClient& store);
+std::size_t clear_worker_keys(rdzv::Store& store);
 
 // Connects to the rendezvous store, which may not be up yet (another node hosts it), trying
 // for up to co.connect_timeout in slices of a second so that a stop signal ends the wait.

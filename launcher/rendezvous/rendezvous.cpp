@@ -97,12 +97,31 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
                              const std::function<void(int)>& on_join) {
   const auto start = std::chrono::steady_clock::now();
   const auto give_up = start + opts_.join_timeout;
+  int r = hint >= 0 ? hint : static_cast<int>(store_.add(prefix_ + "/round", 0));
+  while (true) {
+    try {
+      return join_round(self, r, expect, start, give_up, on_join);
+    } catch (const StoreStateLost&) {
+      if (opts_.on_wait) {
+        opts_.on_wait("ddprun: the rendezvous store came back without round " +
+                      std::to_string(r) + " (restarted without --data-dir?); joining it again");
+      }
+      expect = 0;
+    }
+  }
+}
+
+// One attempt at round r (moving r on past rounds this node cannot be a member of).
+Round Rendezvous::join_round(const NodeDesc& self, int& r, int& expect,
+                             std::chrono::steady_clock::time_point start,
+                             std::chrono::steady_clock::time_point give_up,
+                             const std::function<void(int)>& on_join) {
   auto until = [](std::chrono::steady_clock::time_point t) {
     auto d = std::chrono::duration_cast<milliseconds>(t - std::chrono::steady_clock::now());
     return std::max(d, milliseconds(1));
   };
-  int r = hint >= 0 ? hint : static_cast<int>(store_.add(prefix_ + "/round", 0));
   while (true) {
+    claims_->forming(r, 0, "");
     if (on_join) on_join(r);
     const auto k = store_.add(key(r, "joined"), 1);
     if (k > opts_.max_nodes) {
@@ -119,7 +138,9 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
                           std::to_string(opts_.max_nodes - 1));
       }
     }
-    store_.set(key(r, "node/" + std::to_string(k)), encode(self));
+    const std::string described = encode(self);
+    store_.set(key(r, "node/" + std::to_string(k)), described);
+    claims_->forming(r, static_cast<int>(k), described);
 
     // Seal: MAX joined, or the number this node expects (a re-forming job), or MIN joined and
     // this node's last call passed. The first COMPARE_SET wins; its count is the round's size.
@@ -182,6 +203,8 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
     round.world_size = a.world_size;
     round.base_role_rank = a.base_role_rank;
     round.role_world_size = a.role_world_size;
+    round.arrival = static_cast<int>(k);
+    claims_->formed(m, a.group_rank, self.host);
     return round;
   }
 }
@@ -263,6 +286,7 @@ int Rendezvous::wait_as_spare(int r, std::chrono::steady_clock::time_point give_
 
 void Rendezvous::publish_master(const Round& round, const std::string& addr, std::uint16_t port) {
   store_.set(key(round.number, "master"), addr + ":" + std::to_string(port));
+  claims_->master(addr + ":" + std::to_string(port));
 }
 
 std::pair<std::string, std::uint16_t> Rendezvous::master(const Round& round) {
@@ -288,6 +312,7 @@ RoundEvent Rendezvous::end_round_number(int r, const RoundEvent& event, bool reo
 }
 
 void Rendezvous::finished(const Round& round, const std::string& host, int group_rank) {
+  claims_->finished();
   if (store_.add(key(round.number, "finished"), 1) == round.group_world_size) {
     RoundEvent done;
     done.kind = RoundEvent::Kind::done;
@@ -323,8 +348,9 @@ EventWatcher::EventWatcher(const std::string& host, std::uint16_t port, std::str
 }
 
 EventWatcher::EventWatcher(std::unique_ptr<rdzv::Store> store, std::function<void()> interrupt,
-                           std::string key)
+                           std::string key, std::chrono::milliseconds slice)
     : store_(std::move(store)), interrupt_(std::move(interrupt)) {
+  slice_ = slice;
   efd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
   thread_ = std::thread([this, k = std::move(key)] { run(k); });
@@ -354,7 +380,7 @@ void EventWatcher::run(std::string key) {
     // bounds one request; the loop renews it.
     while (true) {
       try {
-        store_->wait({key}, std::chrono::hours(24));
+        store_->wait({key}, slice_);
         break;
       } catch (const TimeoutError&) {
       }

@@ -51,6 +51,9 @@ struct StatusReporter::Sampler {
   GpuSampler gpus;
   std::map<int, std::pair<std::uint64_t, double>> cpu;  // pid -> (ticks, when)
   double last_line = -1;
+  bool joined = false;         // took a slot in the store once: reconnect after a loss
+  double reconnect_at = 0;     // not before (unix seconds)
+  int reconnects = 0;
 };
 
 StatusReporter::StatusReporter(StatusSetup setup) : s_(std::move(setup)) {
@@ -85,6 +88,7 @@ void StatusReporter::start() {
       store_ = std::make_unique<rdzv::StoreClient>(s_.store_host, s_.store_port, s_.client);
       std::lock_guard<std::mutex> g(mu_);
       status::join(*store_, node_);
+      sampler_->joined = true;
     } catch (const Error& e) {
       std::fprintf(stderr,
                    "ddprun: status: cannot publish to the store at %s:%u (%s); "
@@ -299,22 +303,45 @@ void StatusReporter::sample_and_publish() {
       }
     }
     node_.updated_unix = now;
+    if (away_since_ > 0) {  // the current outage goes on
+      node_.store_away_s = std::max(0.0, now - away_since_);
+      node_.store_outage_s = outages_ended_s_ + node_.store_away_s;
+    }
     copy = node_;
   }
-  if (store_) {
+  if (!store_ && sampler_->joined && now >= sampler_->reconnect_at) {
+    // The store went away (restarted, stopped, cut off): try again every few seconds, briefly.
     try {
-      status::publish(*store_, copy, now);
+      rdzv::ClientOptions co = s_.client;
+      co.connect_timeout = std::chrono::milliseconds(1000);
+      auto fresh = std::make_unique<rdzv::StoreClient>(s_.store_host, s_.store_port, co);
+      status::rejoin(*fresh, copy);
+      store_ = std::move(fresh);
       std::lock_guard<std::mutex> g(mu_);
       node_.seq = copy.seq;
-    } catch (const Error& e) {
-      std::fprintf(stderr,
-                   "ddprun: status: lost the store (%s); the live status stays on this "
-                   "node\n",
-                   e.what());
-      store_.reset();
+    } catch (const Error&) {
+      sampler_->reconnect_at = now + std::min(5.0, 0.5 * ++sampler_->reconnects);
+    }
+  } else if (store_) {
+    try {
+      status::publish(*store_, copy, now);
+      sampler_->reconnects = 0;
+      std::lock_guard<std::mutex> g(mu_);
+      node_.seq = copy.seq;
+    } catch (const Error&) {
+      store_.reset();  // the agent says the store is away; publishing resumes when it is back
     }
   }
   draw_progress(copy, now);
+}
+
+void StatusReporter::store_outage(int count, double total_s, double away_s) {
+  std::lock_guard<std::mutex> g(mu_);
+  node_.store_outages = count;
+  node_.store_outage_s = total_s;
+  node_.store_away_s = away_s;
+  away_since_ = away_s >= 0 ? status::unix_now() - away_s : 0;
+  outages_ended_s_ = total_s - std::max(0.0, away_s);
 }
 
 void StatusReporter::draw_progress(const status::NodeStatus& copy, double now) {

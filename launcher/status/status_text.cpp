@@ -110,6 +110,7 @@ std::string format_progress_line(const status::NodeStatus& node) {
   }
   if (!any) return "";
   std::string line = "ddprun: step " + std::to_string(step);
+  if (node.store_away_s >= 0) line += " | store away " + seconds(node.store_away_s);
   if (total > 0) line += "/" + std::to_string(total);
   if (samples > 0) line += " | " + rate(samples) + " samples/s";
   const double st = median(times);
@@ -163,6 +164,16 @@ std::string format_exit_summary(const status::JobStatus& job, double wall_s, int
   }
   if (!why.empty()) r += " (failures: " + why + ")";
   head.push_back({"restarts", r});
+  int outages = 0;
+  double outage_s = 0;
+  for (const auto& n : job.nodes) {
+    outages = std::max(outages, n.store_outages);
+    outage_s = std::max(outage_s, n.store_outage_s);
+  }
+  if (outages > 0) {
+    head.push_back({"store outages", std::to_string(outages) + ", " + fmt("%.1f s", outage_s) +
+                                         " in all"});
+  }
   out += table(head, "  ");
   const std::size_t skip = events.size() > kMaxRestarts ? events.size() - kMaxRestarts : 0;
   if (skip > 0) out += "    ... " + std::to_string(skip) + " earlier restart(s)\n";

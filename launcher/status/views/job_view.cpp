@@ -37,6 +37,16 @@ void join(rdzv::Store& store, NodeStatus& n) {
   if (n.slot == 0) store.append(runs_key(), n.run_id + "\n");
 }
 
+void rejoin(rdzv::Store& store, NodeStatus& n) {
+  const bool kept = store.check({node_key(n.run_id, n.slot)});
+  publish(store, n, unix_now());
+  if (kept) return;
+  // The store came back empty: this slot is taken again, for readers and for later agents.
+  rdzv::raise_counter(store, run_prefix(n.run_id) + "slots", n.slot + 1);
+  store.append(run_prefix(n.run_id) + "index", std::to_string(n.slot) + ",");
+  if (n.slot == 0) store.append(runs_key(), n.run_id + "\n");
+}
+
 void publish(rdzv::Store& store, NodeStatus& n, double now_unix) {
   ++n.seq;
   n.updated_unix = now_unix;

@@ -251,6 +251,15 @@ void render_nodes(std::string& out, const std::vector<JobView>& jobs) {
            [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->round); });
   per_node("ddprun_node_restarts_total", "counter", "Restarts of this node's workers.",
            [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->restart_count); });
+  per_node("ddprun_node_store_outages_total", "counter",
+           "Times the node's agent lost the rendezvous store and rode it out.",
+           [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->store_outages); });
+  per_node("ddprun_node_store_outage_seconds_total", "counter",
+           "Seconds the node's agent was without its rendezvous store.",
+           [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->store_outage_s); });
+  per_node("ddprun_node_store_away", "gauge",
+           "1 while the node's agent is without its rendezvous store, else 0.",
+           [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->store_away_s >= 0 ? 1 : 0); });
   per_node("ddprun_node_start_time_seconds", "gauge",
            "When the node's agent started, in seconds since the Unix epoch.",
            [](Family& f, const NodeView& n) {

@@ -71,7 +71,10 @@ json node_json(const NodeStatus& n) {
             {"ranks", std::move(ranks)},
             {"restarts", std::move(restarts)},
             {"failures_by_cause", n.failures_by_cause},
-            {"phases", std::move(phases)}};
+            {"phases", std::move(phases)},
+            {"store_outages", n.store_outages},
+            {"store_outage_s", n.store_outage_s},
+            {"store_away_s", n.store_away_s}};
   return j;
 }
 
@@ -159,6 +162,12 @@ NodeStatus node_from(const json& j, const std::string& p) {
   n.interval_s = num<double>(j, "interval_s", p);
   n.seq = num<std::uint64_t>(j, "seq", p);
   if (auto it = j.find("lost"); it != j.end() && it->is_boolean()) n.lost = it->get<bool>();
+  // Absent in records of agents before the outage fields: no outage seen.
+  if (j.contains("store_outages")) {
+    n.store_outages = num<int>(j, "store_outages", p);
+    n.store_outage_s = num<double>(j, "store_outage_s", p);
+    n.store_away_s = num<double>(j, "store_away_s", p);
+  }
   const json& ranks = arr(j, "ranks", p);
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     n.ranks.push_back(rank_from(ranks[i], p + ".ranks[" + std::to_string(i) + "]"));

@@ -85,6 +85,9 @@ struct LaunchConfig {
   // views (-1: off; 0: a free port), their address ("": where the store binds), the trace
   // file ("": none) and the terminal progress line (auto | tty | lines | off).
   double status_interval_s = 1;
+  // How long the agent rides out an unreachable rendezvous store before it stops the job
+  // (docs/rendezvous.md, "When the store goes away"); 0: at once, as before.
+  double store_outage_grace_s = 300;
   int http_port = -1;
   std::string http_host;
   std::string trace_path;

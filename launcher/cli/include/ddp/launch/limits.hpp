@@ -18,6 +18,7 @@ inline constexpr int kMaxLocalRank = 65535;      // a local rank named in a flag
 inline constexpr int kNprocCeiling = 65536;      // --max-nproc-per-node, whatever the machine
 inline constexpr int kDefaultNprocBound = 1024;  // workers per node without the flag (at most)
 inline constexpr double kMaxSeconds = 604800;    // one week: timeouts and intervals
+inline constexpr double kMaxOutageGraceSeconds = 86400;  // a day: --store-outage-grace
 inline constexpr int kMaxKeepAliveAttempts = 1000;
 inline constexpr std::int64_t kMaxWorldSize = std::int64_t{1} << 24;  // nodes x workers
 

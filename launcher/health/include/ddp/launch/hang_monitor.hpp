@@ -101,7 +101,8 @@ class HangMonitor {
   std::vector<StragglerFinding> straggler_findings_;
   std::string timer_scope_;  // a timer that expired: the report names its scope
   std::string error_message_;
-  bool broken_ = false;  // the bus failed (the store is gone): watch locally only
+  bool broken_ = false;  // the bus failed for good: watch locally only
+  bool paused_ = false;  // the store is away: the checks resume when it is back
 };
 
 }  // namespace ddp::launch

@@ -42,6 +42,8 @@ class RendezvousPort {
   virtual RoundEvent end_round(const Round& round, const RoundEvent& event, bool reopen) = 0;
   // This node leaves the job for good; never throws.
   virtual void depart(const Round& round) = 0;
+  // The agent is stopping (a stop signal): from now on nothing waits for a store that is away.
+  virtual void stopping() {}
 };
 
 // One round's workers (real: WorkerGroup + OutputPump, round_workers.hpp).

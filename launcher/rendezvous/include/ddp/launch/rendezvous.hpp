@@ -41,6 +41,38 @@ std::string join_hint(bool static_backend);
 // A spare (a node beyond MAX) saw the job finish without needing it.
 struct SpareNotNeeded {};
 
+// The store came back without what this node wrote for the round it is forming (a ddprund
+// restarted without --data-dir): next_round joins that round again.
+struct StoreStateLost {};
+
+// What this node wrote to the store for its current round, so that it can write it again when
+// the store comes back empty (Rendezvous::republish). Thread-safe: the agent's loop updates
+// it, the watcher's reconnection reads it.
+class RoundClaims {
+ public:
+  struct Claims {
+    int round = -1;   // -1: not in a round
+    int arrival = 0;  // k: P/r<n>/node/<k>
+    int members = 0;  // the sealed size; 0 while the round forms
+    std::string node;    // this node's description, as written
+    std::string master;  // "addr:port", when this node published the workers' store
+    bool finished = false;
+    std::string host;
+    int group_rank = 0;
+  };
+  Claims get() const;
+  void forming(int round, int arrival, std::string node);
+  void formed(int members, int group_rank, std::string host);
+  void master(std::string addr_port);
+  void finished();
+  std::mutex& republishing() { return republish_mu_; }
+
+ private:
+  mutable std::mutex mu_;
+  std::mutex republish_mu_;
+  Claims c_;
+};
+
 // What a formed round tells this node.
 struct Round {
   int number = 0;
@@ -51,6 +83,7 @@ struct Round {
   int world_size = 1;
   int base_role_rank = 0;
   int role_world_size = 1;
+  int arrival = 0;  // this node's arrival number k in the round
 };
 
 class Rendezvous {
@@ -87,6 +120,14 @@ class Rendezvous {
   void leave(const Round& round);
   void wait_all_left(const Round& round, std::chrono::milliseconds timeout);
 
+  // On a new connection after an outage: when the store lost this node's part of its round
+  // (restarted without --data-dir), writes it again (the round counter, the seal, this node's
+  // description, the workers' store, its finish) so that the running round goes on and the
+  // next one forms; throws StoreStateLost while the round is still forming. Returns whether
+  // anything was written. Safe from any thread, over any connection `s`.
+  bool republish(rdzv::Store& s);
+  RoundClaims& claims() { return *claims_; }
+
   std::string event_key(const Round& round) const;
   std::string event_key(int round) const;
   const std::string& prefix() const { return prefix_; }
@@ -103,9 +144,15 @@ class Rendezvous {
                     std::chrono::steady_clock::time_point give_up);
   [[noreturn]] void throw_finished() const;
 
+  Round join_round(const NodeDesc& self, int& r, int& expect,
+                   std::chrono::steady_clock::time_point start,
+                   std::chrono::steady_clock::time_point give_up,
+                   const std::function<void(int)>& on_join);
+
   rdzv::Store& store_;
   RendezvousOptions opts_;
   std::string prefix_;
+  std::shared_ptr<RoundClaims> claims_ = std::make_shared<RoundClaims>();
 };
 
 // Watches one round's event key on a connection of its own (the WAIT blocks it) and makes an
@@ -116,8 +163,10 @@ class EventWatcher {
   EventWatcher(const std::string& host, std::uint16_t port, std::string key,
                rdzv::ClientOptions options = {});
   // Over any Store whose blocking calls `interrupt` ends (etcd: a watch stream).
+  // `slice`: how long one WAIT request lasts before it is renewed (a store that stopped
+  // answering is noticed at the renewal).
   EventWatcher(std::unique_ptr<rdzv::Store> store, std::function<void()> interrupt,
-               std::string key);
+               std::string key, std::chrono::milliseconds slice = std::chrono::hours(24));
   ~EventWatcher();  // interrupts the WAIT and joins
   EventWatcher(const EventWatcher&) = delete;
   EventWatcher& operator=(const EventWatcher&) = delete;
@@ -129,7 +178,6 @@ class EventWatcher {
 
  private:
   void run(std::string key);
-
   std::unique_ptr<rdzv::Store> store_;
   std::function<void()> interrupt_;
   int efd_ = -1;
@@ -137,6 +185,7 @@ class EventWatcher {
   std::optional<RoundEvent> event_;
   std::string error_;
   std::thread thread_;
+  std::chrono::milliseconds slice_{std::chrono::hours(24)};
 };
 
 }  // namespace ddp::launch

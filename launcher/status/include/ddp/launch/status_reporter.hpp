@@ -83,6 +83,9 @@ class StatusReporter {
   void progress(const std::map<int, RankProgress>& ranks);  // by local rank
   void restarting(int round, const std::string& cause, const std::string& what);
   void failure(const std::string& cause);
+  // The rendezvous store's outages (launcher/rendezvous/outage.hpp): how many, their length
+  // together, the current one's so far (-1: none). Any thread.
+  void store_outage(int count, double total_s, double away_s);
   // The job is over for this node: final state, the last publication, the trace, the summary.
   void finish(const std::string& state, int exit_code);
 
@@ -119,6 +122,8 @@ class StatusReporter {
   std::unique_ptr<Sampler> sampler_;
   double started_ = 0;
   bool finished_ = false;
+  double away_since_ = 0;    // unix time the current store outage began (0: none)
+  double outages_ended_s_ = 0;  // the ended outages' length together
 };
 
 }  // namespace ddp::launch

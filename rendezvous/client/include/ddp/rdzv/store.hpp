@@ -4,6 +4,7 @@
 // get and multi_get wait for their keys, wait throws ddp::TimeoutError naming the keys.
 #pragma once
 
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -40,5 +41,18 @@ class Store {
                          const std::vector<std::string>& values) = 0;
   virtual std::vector<std::string> list_keys() = 0;
 };
+
+// Raises the ASCII-decimal counter `key` to at least `at_least` (a COMPARE_SET loop, so that
+// agents raising it together agree): counters put back after a store came back empty.
+inline void raise_counter(Store& s, const std::string& key, std::int64_t at_least) {
+  const std::string want = std::to_string(at_least);
+  std::string held = s.compare_set(key, "", want);
+  for (int i = 0; i < 100 && held != want; ++i) {
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(held.data(), held.data() + held.size(), v);
+    if (ec != std::errc() || end != held.data() + held.size() || v >= at_least) return;
+    held = s.compare_set(key, held, want);
+  }
+}
 
 }  // namespace ddp::rdzv

@@ -30,6 +30,8 @@ std::string trace_key(const std::string& run_id, int slot);
 void join(rdzv::Store& store, NodeStatus& n);
 // One SET (bumps n.seq and n.updated_unix first).
 void publish(rdzv::Store& store, NodeStatus& n, double now_unix);
+// After a lost connection: publishes again, and takes the slot again if the store lost it.
+void rejoin(rdzv::Store& store, NodeStatus& n);
 
 // The slots in an index value ("0,3,1,"); bad entries are skipped, duplicates dropped.
 std::vector<int> parse_index(const std::string& text);

@@ -82,6 +82,11 @@ struct NodeStatus {
   std::vector<RestartEvent> restarts;            // the last kMaxEvents
   std::map<std::string, int> failures_by_cause;  // over the whole job, as this node saw them
   std::vector<Phase> phases;                     // the last kMaxEvents
+  // The rendezvous store's outages as this agent saw them (docs/rendezvous.md): how many, how
+  // long together, and how long the current one has lasted (-1: the store is there).
+  int store_outages = 0;
+  double store_outage_s = 0;
+  double store_away_s = -1;
   // Set by readers, not published: the record is older than 3 intervals + 2 s and not final.
   bool lost = false;
 };
