@@ -384,7 +384,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   std::unique_ptr<ResilientStore> health_store;
   if (main_store && !solo) {
     ResilientStore::Setup hs;
-    hs.connect = dialer(rs.host, rs.port, co);
+    rdzv::ClientOptions quick = co;  // a reply or a connection within 2 s, or none this turn
+    quick.timeout = std::min(quick.timeout, milliseconds(2000));
+    hs.connect = dialer(rs.host, rs.port, quick);
     hs.monitor = &outages;
     hs.who = "health";
     hs.report = false;

@@ -29,7 +29,6 @@ ResilientStore::ResilientStore(Setup setup, std::unique_ptr<rdzv::StoreClient> f
   if (wake_fd_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
   // Without a first connection, the first request connects (a store away then is an outage).
   client_ = std::move(first);
-  if (!client_) attempt_ = -1;
 }
 
 ResilientStore::~ResilientStore() {
@@ -55,8 +54,7 @@ std::shared_ptr<rdzv::StoreClient> ResilientStore::current() {
   if (s_.impatient && OutageClock::now() < retry_after_) {
     throw IoError("store " + s_.monitor->where() + ": away; reconnecting later");
   }
-  std::shared_ptr<rdzv::StoreClient> fresh(s_.connect(attempt_ >= 0));
-  attempt_ = std::max(attempt_, 0);
+  std::shared_ptr<rdzv::StoreClient> fresh(s_.connect(true));
   std::lock_guard<std::mutex> g(mu_);
   client_ = fresh;
   if (interrupted_) client_->interrupt();

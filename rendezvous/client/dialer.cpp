@@ -27,6 +27,16 @@ namespace ddp::rdzv {
 
 namespace {
 
+bool connected_to_itself(int fd) {
+  sockaddr_storage mine{}, peer{};
+  socklen_t a = sizeof(mine), b = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &b) != 0 || a != b) {
+    return false;
+  }
+  return std::memcmp(&mine, &peer, a) == 0;
+}
+
 // One non-blocking connect attempt to `ai`, bounded by `deadline` and `cancel_fd`. Returns the
 // fd, or -1 (err says why).
 int try_connect(const addrinfo* ai, Clock::time_point deadline, int cancel_fd, std::string& err) {
@@ -51,6 +61,13 @@ int try_connect(const addrinfo* ai, Clock::time_point deadline, int cancel_fd, s
   socklen_t len = sizeof(soerr);
   if (r <= 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) {
     err = r == 0 ? "connect timed out" : std::strerror(soerr ? soerr : errno);
+    ::close(fd);
+    return -1;
+  }
+  if (connected_to_itself(fd)) {
+    // Nothing listens on a port of the ephemeral range, and the kernel chose that very port
+    // for this socket (TCP's simultaneous open): it would read its own requests as replies.
+    err = "no store listens there (the socket connected to itself)";
     ::close(fd);
     return -1;
   }

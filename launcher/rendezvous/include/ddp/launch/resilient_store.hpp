@@ -31,7 +31,7 @@ Dial dialer(std::string host, std::uint16_t port, rdzv::ClientOptions base);
 class ResilientStore final : public rdzv::Store {
  public:
   struct Setup {
-    // A new connection; `again`: reconnecting after a loss (connect briefly: the backoff paces).
+    // A new connection (always with `again`: connecting briefly, the backoff paces).
     Dial connect;
     OutageMonitor* monitor = nullptr;  // the agent's account (required): its grace, its messages
     std::string who;                   // this connection, as the monitor counts them
