@@ -192,9 +192,17 @@ void Journal::replay(KvTable& table, Millis now) {
     snapshot_bytes_ = snap.size();
   }
   generation_ = snap_gen;
-  const bool have_log = read_file(opts_.dir + "/journal", log);
+  bool have_log = read_file(opts_.dir + "/journal", log);
   std::size_t good = journal::kHeaderBytes;
   bool truncate = !have_log;
+  if (have_log && log.size() < journal::kHeaderBytes &&
+      log.compare(0, log.size(), journal::kMagic.substr(0, log.size())) == 0) {
+    // Its header was cut short by a crash as the journal was created: it held nothing.
+    replayed_.torn_bytes = log.size();
+    replayed_.torn_why = "a header cut short";
+    have_log = false;
+    truncate = true;
+  }
   if (have_log && !journal::decode_header(log, log_gen)) {
     DDP_THROW(ConfigError, opts_.dir + "/journal is not a ddprund journal; move it away");
   }

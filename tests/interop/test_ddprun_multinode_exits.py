@@ -106,9 +106,9 @@ SLEEP_WORKER = ('echo "rank=$RANK agent=$PPID pid=$$" > "$OUT/p_$RANK.tmp" && '
                 'mv "$OUT/p_$RANK.tmp" "$OUT/p_$RANK"; exec sleep 60')
 
 
-def sleeping_pair(launcher, tmp_path):
+def sleeping_pair(launcher, tmp_path, *args):
     """Two agents x two sleeping workers; returns the agents and {agent pid: worker pids}."""
-    a, b = launcher.c10d_pair(*SH, SLEEP_WORKER, env={"OUT": str(tmp_path)})
+    a, b = launcher.c10d_pair(*args, *SH, SLEEP_WORKER, env={"OUT": str(tmp_path)})
     assert wait_for(lambda: len(read_records(str(tmp_path), "p_")) == 4, 60), \
         a.output() + b.output()
     recs = read_records(str(tmp_path), "p_").values()
@@ -141,13 +141,19 @@ def test_no_orphans_after_an_agent_is_killed(launcher, tmp_path):
 
 
 def test_killing_the_store_host_stops_the_other_node(launcher, tmp_path):
-    a, b, workers = sleeping_pair(launcher, tmp_path)
+    a, b, workers = sleeping_pair(launcher, tmp_path, "--store-outage-grace=2")
     a.proc.send_signal(signal.SIGKILL)  # the node hosting the rendezvous store dies
     a.wait(5)
     assert wait_for(lambda: all(gone(p) for p in workers[a.pid]), 1.0, 0.01), workers[a.pid]
-    # The other node loses the store, stops its workers and exits on its own.
+    # The other node loses the store; its workers go on for the grace (the store could come
+    # back), then it stops them and exits on its own, saying how long the store was gone.
+    t0 = time.monotonic()
+    assert wait_for(lambda: "the workers go on while it reconnects" in b.stderr, 10), b.output()
+    assert all(not gone(p) for p in workers[b.pid]), b.output()
     assert b.wait(15) == 1, b.output()
+    assert time.monotonic() - t0 >= 1.5
     assert "lost the rendezvous store" in b.stderr, b.output()
+    assert "longer than --store-outage-grace=2.0 s" in b.stderr, b.output()
     assert wait_for(lambda: all(gone(p) for p in workers[b.pid]), 2.0), workers[b.pid]
 
 

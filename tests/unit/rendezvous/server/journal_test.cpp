@@ -212,6 +212,14 @@ TEST_CASE("a torn journal tail is dropped and named; a damaged snapshot stops th
     CHECK(value_of(t, "next") == "3");
     CHECK(j.replayed().torn_bytes == 0);
   }
+  {
+    // A journal whose header was cut short as it was created held nothing: a fresh one.
+    fs::resize_file(path, 5);
+    KvTable t;
+    Journal j(options(d.path), t, Millis(0));
+    CHECK(t.num_keys() == 0);
+    CHECK(j.replayed().torn_bytes == 5);
+  }
   std::ofstream(d.path + "/data/snapshot", std::ios::binary) << "DDPRUNJ1\0\0\0\0\0\0\0\0garbage";
   KvTable t;
   CHECK_THROWS_AS(Journal(options(d.path), t, Millis(0)), ddp::ConfigError);
