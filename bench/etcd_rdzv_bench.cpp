@@ -23,6 +23,7 @@
 
 #include "ddp/launch/agent_etcd.hpp"
 #include "ddp/launch/liveness.hpp"
+#include "ddp/launch/resilient_store.hpp"
 #include "ddp/launch/rendezvous.hpp"
 #include "ddp/launch/round.hpp"
 #include "ddp/rdzv/client.hpp"
@@ -89,7 +90,7 @@ void send(int fd, const Result& r) { [[maybe_unused]] auto n = ::write(fd, &r, s
       const auto& ep = s.endpoints.front();
       store = std::make_unique<rdzv::StoreClient>(ep.host, ep.port, co);
       if (reform)
-        liveness = std::make_unique<launch::Liveness>(ep.host, ep.port, co, s.lease / 4, 4);
+        liveness = std::make_unique<launch::Liveness>(launch::dialer(ep.host, ep.port, co), s.lease / 4, 4);
     }
     launch::Rendezvous rv(*store, o);
     launch::NodeDesc self;

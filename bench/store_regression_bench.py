@@ -8,21 +8,28 @@ Reproduce (the baseline built from the earlier commit in a worktree):
     && ninja -C /tmp/ddp-base/build ddprund
   scripts/loopback_only.sh python3 bench/store_regression_bench.py \
     --base /tmp/ddp-base/build/bin/ddprund --new build/bin/ddprund --loadgen build/bin/store_loadgen
-Runs alternate base, new, base, new ...; each cell is the median of --reps."""
+Runs alternate base, new, base, new ...; each cell is the median of --reps.
+
+The same binary with other settings: --base-args/--new-args (ddprund flags; {tmp} is a fresh
+directory), e.g. the cost of the journal (issue 32):
+  scripts/loopback_only.sh python3 bench/store_regression_bench.py --base build/bin/ddprund \
+    --new build/bin/ddprund --new-args "--data-dir {tmp}/data" --loadgen build/bin/store_loadgen"""
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import tempfile
 import time
 
 
-def start(binary):
+def start(binary, extra=""):
     d = tempfile.mkdtemp(prefix="store-regress-")
     pf = os.path.join(d, "port")
-    p = subprocess.Popen([binary, "--port", "0", "--port-file", pf], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    args = [x.replace("{tmp}", d) for x in shlex.split(extra)]
+    p = subprocess.Popen([binary, "--port", "0", "--port-file", pf, *args],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(1000):
         if os.path.exists(pf):
             return p, int(open(pf).read())
@@ -35,12 +42,14 @@ def main():
     ap.add_argument("--base", required=True)
     ap.add_argument("--new", required=True)
     ap.add_argument("--loadgen", required=True)
+    ap.add_argument("--base-args", default="")
+    ap.add_argument("--new-args", default="")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--duration-s", type=float, default=5)
     ap.add_argument("--conns", default="1,64,1024")
     ap.add_argument("--storm", type=int, default=4096)
     a = ap.parse_args()
-    servers = {"base": start(a.base), "new": start(a.new)}
+    servers = {"base": start(a.base, a.base_args), "new": start(a.new, a.new_args)}
     results = {}
     try:
         work = [("mix", int(c)) for c in a.conns.split(",")] + ([("storm", a.storm)] if a.storm else [])

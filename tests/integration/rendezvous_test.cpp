@@ -9,6 +9,7 @@
 #include "ddp/launch/rendezvous.hpp"
 
 #include "ddp/launch/liveness.hpp"
+#include "ddp/launch/resilient_store.hpp"
 
 #include <poll.h>
 
@@ -321,7 +322,7 @@ TEST_CASE("a clean exit of the liveness keeper fires no will", "[integration][la
   Store s;
   auto c = s.client();
   {
-    Liveness live("127.0.0.1", s.server.port(), ddp::rdzv::ClientOptions{}, 100ms, 2);
+    Liveness live(dialer("127.0.0.1", s.server.port(), ddp::rdzv::ClientOptions{}), 100ms, 2);
     live.set_will("/w/event", "lost");
     CHECK(live.ttl() == 200ms);
   }

@@ -182,7 +182,7 @@ TEST_CASE("compaction bounds the journal and loses nothing", "[unit][rdzv][journ
   CHECK(j.replayed().records == 3);  // the snapshot's counter, lease and next id
 }
 
-TEST_CASE("a torn journal tail is dropped and named; a damaged snapshot stops the start",
+TEST_CASE("a torn journal tail is dropped and named, a damaged snapshot stops the start",
           "[unit][rdzv][journal]") {
   JournalDir d;
   Woken w;
