@@ -224,7 +224,7 @@ void Session::on_read(const boost::system::error_code& ec, std::size_t n) {
 
 void Session::pump() {
   process();
-  shared_.commit();  // the journal holds a change before its reply goes out
+  shared_.commit();  // the journal holds a change before its reply goes out (a memcpy)
   flush();
   read();
 }

@@ -4,9 +4,11 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -144,7 +146,9 @@ Journal::Journal(JournalOptions options, KvTable& table, Millis now) : opts_(std
     table.set_max_bytes(cap);
   } catch (...) {
     ::close(lock_fd_);
+    unmap();
     if (fd_ >= 0) ::close(fd_);
+    if (sync_fd_ >= 0) ::close(sync_fd_);
     throw;
   }
   table.set_sink(this);
@@ -162,8 +166,12 @@ Journal::~Journal() {
   write_locked();
   if (fd_ >= 0) {
     ::fdatasync(fd_);
+    unmap();
+    // A clean stop leaves no reserved space after the records.
+    [[maybe_unused]] int rc = ::ftruncate(fd_, static_cast<off_t>(journal_bytes_));
     ::close(fd_);
   }
+  if (sync_fd_ >= 0) ::close(sync_fd_);
   ::close(lock_fd_);
 }
 
@@ -217,6 +225,8 @@ void Journal::replay(KvTable& table, Millis now) {
       auto n = journal::decode(rest);
       if (n.status == journal::Decoded::end) break;
       if (n.status == journal::Decoded::torn) {
+        // The space reserved after the last record reads as zeros: the end, not a tear.
+        if (std::all_of(rest.begin(), rest.end(), [](char c) { return c == 0; })) break;
         replayed_.torn_bytes = rest.size();
         replayed_.torn_why = n.why;
         break;
@@ -233,25 +243,67 @@ void Journal::replay(KvTable& table, Millis now) {
     logger("rdzv").warn("{}/journal: dropped its last {} bytes ({}): a write cut short by a crash",
                         opts_.dir, replayed_.torn_bytes, replayed_.torn_why);
   }
-  open_journal(truncate);
-  if (!truncate && ::ftruncate(fd_, static_cast<off_t>(good)) != 0) {
-    DDP_THROW(IoError, "cannot truncate " + opts_.dir + "/journal: " + errno_text());
-  }
-  journal_bytes_ = truncate ? journal::kHeaderBytes : good;
+  open_journal(truncate, truncate ? journal::kHeaderBytes : good);
 }
 
-// Opens the journal for appending; `fresh`: replaced by one holding only the header.
-void Journal::open_journal(bool fresh) {
+// Opens the journal to append after its first `keep` bytes; `fresh`: replaced by one holding
+// only the header.
+void Journal::open_journal(bool fresh, std::size_t keep) {
   const std::string path = opts_.dir + "/journal";
   if (fresh) {
     std::string header;
     journal::encode_header(header, generation_);
     replace_file(opts_.dir, "journal", header);
   }
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd < 0) DDP_THROW(IoError, "cannot open " + path + ": " + errno_text());
+  unmap();
   if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd_ < 0) DDP_THROW(IoError, "cannot open " + path + ": " + errno_text());
+  {
+    std::lock_guard<std::mutex> g(sync_mu_);
+    if (sync_fd_ >= 0) ::close(sync_fd_);
+    sync_fd_ = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(keep)) != 0) {
+    DDP_THROW(IoError, "cannot truncate " + path + ": " + errno_text());
+  }
+  journal_bytes_ = keep;
+  map_to(keep + 1);
+}
+
+// The journal file is mapped (MAP_SHARED): a record is in the page cache the moment it is
+// copied there, without a system call, and so survives the process (SIGKILL, a crash) as a
+// write(2) would. The space is written with zeros before it is mapped: a full disk is an error
+// here, never a SIGBUS later, and the blocks are allocated already (fallocate's unwritten
+// extents cost a conversion at every page's first store). The mapping doubles as it fills.
+void Journal::map_to(std::size_t need) {
+  std::size_t cap = map_cap_ ? map_cap_ : kFirstMap;
+  while (cap < need) cap *= 2;
+  if (map_ && cap == map_cap_) return;
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) DDP_THROW(IoError, "cannot stat the journal: " + errno_text());
+  static const std::string zeros(std::size_t{64} << 10, '\0');
+  for (auto at = static_cast<std::size_t>(st.st_size); at < cap;) {
+    const std::size_t n = std::min(zeros.size(), cap - at);
+    const ssize_t w = ::pwrite(fd_, zeros.data(), n, static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      DDP_THROW(IoError, "cannot reserve " + std::to_string(cap) + " bytes for " + opts_.dir +
+                             "/journal: " + errno_text());
+    }
+    at += static_cast<std::size_t>(w);
+  }
+  void* p = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) DDP_THROW(IoError, "cannot map " + opts_.dir + "/journal: " + errno_text());
+  unmap();
+  map_ = static_cast<char*>(p);
+  map_cap_ = cap;
+}
+
+void Journal::unmap() {
+  if (map_) ::munmap(map_, map_cap_);
+  map_ = nullptr;
+  map_cap_ = 0;
 }
 
 void Journal::record(std::uint8_t type, std::uint64_t id, std::int64_t number,
@@ -279,7 +331,8 @@ void Journal::next_lease(LeaseId id) { record(10, id, 0, {}, {}); }
 void Journal::write_locked() {
   if (buf_.empty() || failed_) return;
   try {
-    write_all(fd_, buf_.data(), buf_.size(), opts_.dir + "/journal");
+    map_to(journal_bytes_ + buf_.size());
+    std::memcpy(map_ + journal_bytes_, buf_.data(), buf_.size());
     journal_bytes_ += buf_.size();
     dirty_ = true;
     if (opts_.fsync_interval.count() == 0 && ::fdatasync(fd_) == 0) dirty_ = false;
@@ -296,6 +349,11 @@ void Journal::write_locked() {
 void Journal::commit() {
   std::lock_guard<std::mutex> g(mu_);
   write_locked();
+}
+
+bool Journal::pending() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return !buf_.empty() && !failed_;
 }
 
 bool Journal::wants_compaction() const {
@@ -316,9 +374,8 @@ void Journal::compact(const KvTable& table) {
     replace_file(opts_.dir, "snapshot", snap);
     snapshot_replaced = true;
     ++generation_;
-    open_journal(true);
+    open_journal(true, journal::kHeaderBytes);
     snapshot_bytes_ = snap.size();
-    journal_bytes_ = journal::kHeaderBytes;
     dirty_ = false;
     ++compactions_;
   } catch (const Error& e) {
@@ -349,11 +406,20 @@ bool Journal::failed() const {
   return failed_;
 }
 
+// fdatasync on a descriptor of its own, outside the records' lock: a sync that takes a while
+// (a busy disk) never holds up the store.
 void Journal::sync_loop() {
   if (opts_.fsync_interval.count() == 0) return;
   std::unique_lock<std::mutex> lk(mu_);
   while (!cv_.wait_for(lk, opts_.fsync_interval, [this] { return stop_; })) {
-    if (dirty_ && fd_ >= 0 && ::fdatasync(fd_) == 0) dirty_ = false;
+    if (!dirty_) continue;
+    dirty_ = false;
+    lk.unlock();
+    {
+      std::lock_guard<std::mutex> g(sync_mu_);
+      if (sync_fd_ >= 0) ::fdatasync(sync_fd_);
+    }
+    lk.lock();
   }
 }
 

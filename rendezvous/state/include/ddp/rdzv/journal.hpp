@@ -2,9 +2,9 @@
 // nothing. A write-ahead journal of every change (KvTable's ChangeSink) and a snapshot that
 // the journal is compacted into; on start the snapshot then the journal are replayed.
 //
-// Durability (docs/rendezvous.md, "A restarted store"): a change's record is written to the
-// journal file (write(2), the page cache) before its reply or any wake-up it causes leaves
-// the server, so a ddprund that crashes or is killed loses nothing a client was told; the file
+// Durability (docs/rendezvous.md, "When the store goes away"): a change's record is in the
+// journal file (copied into its shared mapping: the page cache) before its reply or any
+// wake-up it causes leaves the server, so a ddprund that crashes or is killed loses nothing a client was told; the file
 // is fdatasync'ed every `fsync_interval` (0: at every commit), which bounds what a crash of
 // the whole host can lose. Files: DIR/snapshot, DIR/journal (each a header with the same
 // generation, then records: journal_records.hpp), DIR/lock (one ddprund per directory).
@@ -64,6 +64,8 @@ class Journal final : public ChangeSink {
   // Called before replies and wake-ups leave the server. A failure to write is logged once and
   // counted in failed(); the store goes on in memory.
   void commit();
+  // Records are buffered and not yet written.
+  bool pending() const;
   bool wants_compaction() const;
   // Writes `table` as a new snapshot and starts an empty journal. The caller holds the table's
   // lock, so nothing changes meanwhile.
@@ -77,12 +79,19 @@ class Journal final : public ChangeSink {
   void record(std::uint8_t type, std::uint64_t id, std::int64_t number, std::string_view key,
               std::string_view value);
   void replay(KvTable& table, Millis now);
-  void open_journal(bool truncate_to_header);
+  void open_journal(bool fresh, std::size_t keep);
+  void map_to(std::size_t need);
+  void unmap();
   void write_locked();
   void sync_loop();
 
   JournalOptions opts_;
+  static constexpr std::size_t kFirstMap = std::size_t{1} << 20;
   int lock_fd_ = -1, fd_ = -1;
+  std::mutex sync_mu_;  // guards sync_fd_ (the sync thread's descriptor of the journal)
+  int sync_fd_ = -1;
+  char* map_ = nullptr;  // the journal file, mapped; records are copied to map_[journal_bytes_]
+  std::size_t map_cap_ = 0;
   std::uint64_t generation_ = 0;
   std::size_t journal_bytes_ = 0, snapshot_bytes_ = 0;
   std::uint64_t compactions_ = 0;
