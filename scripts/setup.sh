@@ -20,6 +20,8 @@ packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
 [[ $with_torch == 1 ]] && packages+=(python3-torch python3-pytest slurmctld slurmd slurm-client munge)
 # The status views' tests (issue 18): promtool and a real Prometheus, a headless Chromium.
 [[ $with_torch == 1 ]] && packages+=(prometheus chromium chromium-driver)
+# The chaos suite's network cuts (issue 32): nftables rules inside its own network namespace.
+[[ $with_torch == 1 ]] && packages+=(nftables)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -95,12 +95,12 @@ note "1c. mutants: chosen conditions flipped one at a time; their tests must fai
 # scripts/mutants.py rebuilds build/ around each mutant and puts every file back.
 if [[ -x build/bin/ddp_unit_tests ]]; then step "mutants" scripts/mutants.py build; fi
 
-note "2. ASan+UBSan: unit + integration, and real torch 2.x clients against a sanitized ddprund"
+note "2. ASan+UBSan: unit + integration, real torch 2.x clients and the chaos suite against a sanitized ddprund"
 if cmake -S . -B build-asan -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_SANITIZE=address,undefined \
      -DDDP_TORCH2_PYTHON="$venv/bin/python" -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null &&
    ninja -C build-asan ddp_unit_tests ddp_integration_tests ddprund ddpstore ddprun ddp-train; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    run_ctest build-asan -R "^(unit|integration)/|^interop: "
+    run_ctest build-asan -R "^(unit|integration)/|^interop: |^chaos: "
 else
   echo "FAILED: sanitizer build"; failed=$((failed + 1))
 fi
