@@ -90,7 +90,8 @@ void send(int fd, const Result& r) { [[maybe_unused]] auto n = ::write(fd, &r, s
       const auto& ep = s.endpoints.front();
       store = std::make_unique<rdzv::StoreClient>(ep.host, ep.port, co);
       if (reform)
-        liveness = std::make_unique<launch::Liveness>(launch::dialer(ep.host, ep.port, co), s.lease / 4, 4);
+        liveness = std::make_unique<launch::Liveness>(launch::dialer(ep.host, ep.port, co),
+                                                      s.lease / 4, 4);
     }
     launch::Rendezvous rv(*store, o);
     launch::NodeDesc self;

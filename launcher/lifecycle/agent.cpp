@@ -290,8 +290,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   auto republish = [&republisher](rdzv::Store& s) {
     if (republisher) republisher->republish(s);
   };
-  const auto seed = static_cast<std::uint64_t>(::getpid()) ^
-                    static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const auto seed =
+      static_cast<std::uint64_t>(::getpid()) ^
+      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   auto resilient = [&](const rdzv::ClientOptions& o, const char* who, int cancel_fd,
                        std::unique_ptr<rdzv::StoreClient> first) {
     ResilientStore::Setup rs_setup;
@@ -305,8 +306,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   };
   std::unique_ptr<ResilientStore> main_store;
   if (tcp_store) main_store = resilient(co, "rendezvous", sigfd, std::move(tcp_store));
-  rdzv::Store& store = etcd_store ? static_cast<rdzv::Store&>(*etcd_store)
-                                  : static_cast<rdzv::Store&>(*main_store);
+  rdzv::Store& store =
+      etcd_store ? static_cast<rdzv::Store&>(*etcd_store) : static_cast<rdzv::Store&>(*main_store);
   ro.where =
       etcd ? "the etcd cluster " + config.rdzv_endpoint : rdzv::Endpoint{rs.host, rs.port}.str();
   ro.on_wait = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
@@ -368,8 +369,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   };
   StoreRendezvous rounds({rdzv, main_store.get(), interrupt, sigfd, solo, rs.server != nullptr,
                           rs.host, rs.port, liveness.get(), lost_will, is_static || solo,
-                          workers.master_addr, workers.bind, access, rs.server.get(),
-                          [&] {
+                          workers.master_addr, workers.bind, access, rs.server.get(), [&] {
                             if (main_store) main_store->stop_waiting();
                           }});
   // The round's event, watched on a connection of its own.
@@ -377,8 +377,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     if (etcd) return etcd_event_watcher(*etcd, key);
     auto watch = resilient(clients.watcher, "watcher", -1, nullptr);
     ResilientStore* w = watch.get();
-    return std::make_unique<EventWatcher>(std::move(watch), [w] { w->interrupt(); }, key,
-                                          kWatchSlice);
+    return std::make_unique<EventWatcher>(
+        std::move(watch), [w] { w->interrupt(); }, key, kWatchSlice);
   };
   // The hang monitor's bus: never holds up the agent's loop while the store is away.
   std::unique_ptr<ResilientStore> health_store;
@@ -426,7 +426,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                        make_watcher,
                        hang,
                        timer.get(),
-                       solo ? nullptr
+                       solo           ? nullptr
                        : health_store ? static_cast<rdzv::Store*>(health_store.get())
                                       : &store,
                        &status,

@@ -37,8 +37,8 @@ class StoreRendezvous final : public RendezvousPort {
  public:
   struct Setup {
     Rendezvous& rendezvous;
-    rdzv::Store* client = nullptr;  // the TCP store's (null: etcd); clears worker keys
-    std::function<void()> interrupt;      // a stop signal while a round forms: gives up
+    rdzv::Store* client = nullptr;    // the TCP store's (null: etcd); clears worker keys
+    std::function<void()> interrupt;  // a stop signal while a round forms: gives up
     int sigfd = -1;
     bool solo = false;         // a private one-node store: nothing can block
     bool hosts_store = false;  // this agent hosts the rendezvous store

@@ -103,8 +103,8 @@ Round Rendezvous::next_round(const NodeDesc& self, int hint, int expect,
       return join_round(self, r, expect, start, give_up, on_join);
     } catch (const StoreStateLost&) {
       if (opts_.on_wait) {
-        opts_.on_wait("ddprun: the rendezvous store came back without round " +
-                      std::to_string(r) + " (restarted without --data-dir?); joining it again");
+        opts_.on_wait("ddprun: the rendezvous store came back without round " + std::to_string(r) +
+                      " (restarted without --data-dir?); joining it again");
       }
       expect = 0;
     }

@@ -51,8 +51,8 @@ struct StatusReporter::Sampler {
   GpuSampler gpus;
   std::map<int, std::pair<std::uint64_t, double>> cpu;  // pid -> (ticks, when)
   double last_line = -1;
-  bool joined = false;         // took a slot in the store once: reconnect after a loss
-  double reconnect_at = 0;     // not before (unix seconds)
+  bool joined = false;      // took a slot in the store once: reconnect after a loss
+  double reconnect_at = 0;  // not before (unix seconds)
   int reconnects = 0;
 };
 

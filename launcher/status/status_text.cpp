@@ -171,8 +171,8 @@ std::string format_exit_summary(const status::JobStatus& job, double wall_s, int
     outage_s = std::max(outage_s, n.store_outage_s);
   }
   if (outages > 0) {
-    head.push_back({"store outages", std::to_string(outages) + ", " + fmt("%.1f s", outage_s) +
-                                         " in all"});
+    head.push_back(
+        {"store outages", std::to_string(outages) + ", " + fmt("%.1f s", outage_s) + " in all"});
   }
   out += table(head, "  ");
   const std::size_t skip = events.size() > kMaxRestarts ? events.size() - kMaxRestarts : 0;

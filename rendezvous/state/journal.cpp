@@ -135,9 +135,8 @@ Journal::Journal(JournalOptions options, KvTable& table, Millis now) : opts_(std
   if (lock_fd_ < 0) DDP_THROW(IoError, "cannot open " + lock + ": " + errno_text());
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     ::close(lock_fd_);
-    DDP_THROW(ConfigError, "--data-dir " + opts_.dir +
-                               " is in use by another ddprund (it holds " + lock +
-                               "); give each ddprund a directory of its own");
+    DDP_THROW(ConfigError, "--data-dir " + opts_.dir + " is in use by another ddprund (it holds " +
+                               lock + "); give each ddprund a directory of its own");
   }
   try {
     const std::size_t cap = table.max_bytes();
@@ -306,8 +305,8 @@ void Journal::unmap() {
   map_cap_ = 0;
 }
 
-void Journal::record(std::uint8_t type, std::uint64_t id, std::int64_t number,
-                     std::string_view key, std::string_view value) {
+void Journal::record(std::uint8_t type, std::uint64_t id, std::int64_t number, std::string_view key,
+                     std::string_view value) {
   std::lock_guard<std::mutex> g(mu_);
   if (failed_) return;
   journal::encode(buf_, {static_cast<Type>(type), id, number, key, value});

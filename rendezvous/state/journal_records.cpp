@@ -7,7 +7,7 @@
 namespace ddp::rdzv::journal {
 namespace {
 
-constexpr std::size_t kFrame = 8;                 // u32 length + u32 crc
+constexpr std::size_t kFrame = 8;                  // u32 length + u32 crc
 constexpr std::size_t kFixed = 1 + 8 + 8 + 4 + 4;  // type, id, number, two lengths
 
 std::array<std::uint32_t, 256> make_table() {

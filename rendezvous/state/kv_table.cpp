@@ -295,8 +295,8 @@ bool KvTable::lease_keepalive(LeaseId id, Millis now, WaiterId caller) {
 
 void KvTable::extend_leases(Millis gap) {
   for (auto& [id, l] : leases_) {
-    if (l.expiry != Millis::max()) l.expiry = l.expiry > Millis::max() - gap ? Millis::max()
-                                                                              : l.expiry + gap;
+    if (l.expiry != Millis::max())
+      l.expiry = l.expiry > Millis::max() - gap ? Millis::max() : l.expiry + gap;
   }
 }
 

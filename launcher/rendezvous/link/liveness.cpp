@@ -9,7 +9,9 @@
 namespace ddp::launch {
 
 Liveness::Liveness(Connect connect, std::chrono::milliseconds interval, int max_attempts)
-    : connect_(std::move(connect)), interval_(interval), ttl_(interval * std::max(1, max_attempts)) {
+    : connect_(std::move(connect)),
+      interval_(interval),
+      ttl_(interval * std::max(1, max_attempts)) {
   client_ = connect_(false);
   lease_ = client_->lease_grant(ttl_, /*bind_to_connection=*/true);
   thread_ = std::thread([this] { beat(); });

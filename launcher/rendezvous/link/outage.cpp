@@ -8,9 +8,9 @@
 namespace ddp::launch {
 
 std::chrono::milliseconds Backoff::delay(int attempt, double unit) const {
-  const double ceiling = std::min(static_cast<double>(cap.count()),
-                                  static_cast<double>(base.count()) *
-                                      std::pow(2.0, std::clamp(attempt, 0, 40)));
+  const double ceiling =
+      std::min(static_cast<double>(cap.count()),
+               static_cast<double>(base.count()) * std::pow(2.0, std::clamp(attempt, 0, 40)));
   const double u = std::clamp(unit, 0.0, 1.0);
   return std::chrono::milliseconds(static_cast<long>(u * ceiling));
 }

@@ -71,7 +71,8 @@ void ResilientStore::pause(std::chrono::milliseconds d) {
     if (left.count() <= 0) return;
     const int r = ::poll(fds, s_.cancel_fd >= 0 ? 2 : 1, static_cast<int>(left.count()));
     if (r < 0 && errno == EINTR) continue;
-    if (r > 0 && fds[0].revents != 0) throw IoError("store " + s_.monitor->where() + ": interrupted");
+    if (r > 0 && fds[0].revents != 0)
+      throw IoError("store " + s_.monitor->where() + ": interrupted");
     if (r > 0 && fds[1].revents != 0) {
       throw IoError("stopped waiting for the store at " + s_.monitor->where() +
                     ": a stop signal came");
@@ -91,7 +92,8 @@ void ResilientStore::failed(const std::string& error, OutageClock::time_point no
     throw IoError(error);
   }
   if (!patient_ || lasted >= s_.monitor->grace()) {
-    throw IoError(s_.monitor->give_up_message(std::chrono::duration<double>(lasted).count(), error));
+    throw IoError(
+        s_.monitor->give_up_message(std::chrono::duration<double>(lasted).count(), error));
   }
   pause(delay);
 }

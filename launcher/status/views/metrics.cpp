@@ -257,9 +257,10 @@ void render_nodes(std::string& out, const std::vector<JobView>& jobs) {
   per_node("ddprun_node_store_outage_seconds_total", "counter",
            "Seconds the node's agent was without its rendezvous store.",
            [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->store_outage_s); });
-  per_node("ddprun_node_store_away", "gauge",
-           "1 while the node's agent is without its rendezvous store, else 0.",
-           [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->store_away_s >= 0 ? 1 : 0); });
+  per_node(
+      "ddprun_node_store_away", "gauge",
+      "1 while the node's agent is without its rendezvous store, else 0.",
+      [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->store_away_s >= 0 ? 1 : 0); });
   per_node("ddprun_node_start_time_seconds", "gauge",
            "When the node's agent started, in seconds since the Unix epoch.",
            [](Family& f, const NodeView& n) {

@@ -96,7 +96,7 @@ TEST_CASE("a store that came back empty gets this node's part of its round again
   const Round round = rdzv.next_round(self("a"));
   rdzv.publish_master(round, "a", 1234);
   rdzv.finished(round, "a", round.group_rank);  // one node: its finish posts "done"
-  CHECK(rdzv.republish(before) == false);        // the store kept everything
+  CHECK(rdzv.republish(before) == false);       // the store kept everything
 
   ddp::rdzv::MemoryStore empty;  // a ddprund restarted without --data-dir
   CHECK(rdzv.republish(empty) == true);

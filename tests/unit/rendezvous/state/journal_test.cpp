@@ -70,8 +70,7 @@ TEST_CASE("journal records round-trip and a torn tail is named", "[unit][rdzv][j
   CHECK(journal::crc32c(std::span<const char>("123456789", 9)) == 0xE3069283u);  // CRC-32C
 }
 
-TEST_CASE("a journaled table comes back whole after its process is gone",
-          "[unit][rdzv][journal]") {
+TEST_CASE("a journaled table comes back whole after its process is gone", "[unit][rdzv][journal]") {
   JournalDir d;
   Woken w;
   std::string popped;
@@ -152,7 +151,7 @@ TEST_CASE("compaction bounds the journal and loses nothing", "[unit][rdzv][journ
     KvTable t;
     Journal j(options(d.path, 4096), t, Millis(0));
     for (int i = 0; i < 2000; ++i) t.add("counter", 1, w);  // ~2000 records of one key
-    t.lease_grant(Millis(0), 0, Millis(0));                  // an unbound lease, no ttl
+    t.lease_grant(Millis(0), 0, Millis(0));                 // an unbound lease, no ttl
     j.commit();
     REQUIRE(j.wants_compaction());
     j.compact(t);

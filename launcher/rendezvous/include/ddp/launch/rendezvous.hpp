@@ -51,9 +51,9 @@ struct StoreStateLost {};
 class RoundClaims {
  public:
   struct Claims {
-    int round = -1;   // -1: not in a round
-    int arrival = 0;  // k: P/r<n>/node/<k>
-    int members = 0;  // the sealed size; 0 while the round forms
+    int round = -1;      // -1: not in a round
+    int arrival = 0;     // k: P/r<n>/node/<k>
+    int members = 0;     // the sealed size; 0 while the round forms
     std::string node;    // this node's description, as written
     std::string master;  // "addr:port", when this node published the workers' store
     bool finished = false;
@@ -165,8 +165,8 @@ class EventWatcher {
   // Over any Store whose blocking calls `interrupt` ends (etcd: a watch stream).
   // `slice`: how long one WAIT request lasts before it is renewed (a store that stopped
   // answering is noticed at the renewal).
-  EventWatcher(std::unique_ptr<rdzv::Store> store, std::function<void()> interrupt,
-               std::string key, std::chrono::milliseconds slice = std::chrono::hours(24));
+  EventWatcher(std::unique_ptr<rdzv::Store> store, std::function<void()> interrupt, std::string key,
+               std::chrono::milliseconds slice = std::chrono::hours(24));
   ~EventWatcher();  // interrupts the WAIT and joins
   EventWatcher(const EventWatcher&) = delete;
   EventWatcher& operator=(const EventWatcher&) = delete;

@@ -122,7 +122,7 @@ class StatusReporter {
   std::unique_ptr<Sampler> sampler_;
   double started_ = 0;
   bool finished_ = false;
-  double away_since_ = 0;    // unix time the current store outage began (0: none)
+  double away_since_ = 0;       // unix time the current store outage began (0: none)
   double outages_ended_s_ = 0;  // the ended outages' length together
 };
 

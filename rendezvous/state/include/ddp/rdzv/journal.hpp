@@ -4,10 +4,11 @@
 //
 // Durability (docs/rendezvous.md, "When the store goes away"): a change's record is in the
 // journal file (copied into its shared mapping: the page cache) before its reply or any
-// wake-up it causes leaves the server, so a ddprund that crashes or is killed loses nothing a client was told; the file
-// is fdatasync'ed every `fsync_interval` (0: at every commit), which bounds what a crash of
-// the whole host can lose. Files: DIR/snapshot, DIR/journal (each a header with the same
-// generation, then records: journal_records.hpp), DIR/lock (one ddprund per directory).
+// wake-up it causes leaves the server, so a ddprund that crashes or is killed loses nothing a
+// client was told; the file is fdatasync'ed every `fsync_interval` (0: at every commit), which
+// bounds what a crash of the whole host can lose. Files: DIR/snapshot, DIR/journal (each a header
+// with the same generation, then records: journal_records.hpp), DIR/lock (one ddprund per
+// directory).
 #pragma once
 
 #include <chrono>

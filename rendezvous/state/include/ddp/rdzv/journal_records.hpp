@@ -23,11 +23,11 @@ enum class Type : std::uint8_t {
   append = 3,
   queue_push = 4,
   queue_pop = 5,
-  lease = 6,       // id, number = ttl ms, value "1" when bound to its connection
-  lease_key = 7,   // id, key
-  lease_will = 8,  // id, key, value
-  lease_drop = 9,  // id
-  next_lease = 10, // id
+  lease = 6,        // id, number = ttl ms, value "1" when bound to its connection
+  lease_key = 7,    // id, key
+  lease_will = 8,   // id, key, value
+  lease_drop = 9,   // id
+  next_lease = 10,  // id
 };
 
 struct Record {

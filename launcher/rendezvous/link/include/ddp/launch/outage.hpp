@@ -36,11 +36,11 @@ class Jitter {
 
 // What the agent has seen of its store's outages, for the live status and the exit summary.
 struct OutageSummary {
-  int count = 0;                 // outages so far (the current one included)
-  double total_s = 0;            // their length together (the current one so far)
-  double away_s = -1;            // how long the current one has lasted; -1: the store is there
-  double last_s = 0;             // the length of the last one that ended
-  std::string error;             // what the current (or last) one began with
+  int count = 0;       // outages so far (the current one included)
+  double total_s = 0;  // their length together (the current one so far)
+  double away_s = -1;  // how long the current one has lasted; -1: the store is there
+  double last_s = 0;   // the length of the last one that ended
+  std::string error;   // what the current (or last) one began with
 };
 
 // The agent's outages, as its connections report them: an outage begins when the first
@@ -50,8 +50,8 @@ struct OutageSummary {
 class OutageMonitor {
  public:
   struct Events {
-    std::function<void(const std::string&)> say;            // a line for stderr
-    std::function<void(const OutageSummary&)> changed;      // the live status
+    std::function<void(const std::string&)> say;        // a line for stderr
+    std::function<void(const OutageSummary&)> changed;  // the live status
   };
   OutageMonitor(std::string where, std::chrono::milliseconds grace, Events events = {});
 
