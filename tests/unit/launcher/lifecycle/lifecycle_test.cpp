@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/proto/error.hpp"
+
 using namespace ddp::launch;
 
 namespace {
@@ -49,6 +51,7 @@ struct FakeRendezvous : RendezvousPort {
   Log& log;
   std::deque<Formed> rounds;
   std::optional<RoundEvent> held;  // an event another node posted first
+  std::string store_gone;          // end_round and finished throw this (the grace passed)
   std::vector<NodeDesc> joined;
   std::vector<RoundEvent> posted;
   explicit FakeRendezvous(Log& l) : log(l) {}
@@ -62,10 +65,14 @@ struct FakeRendezvous : RendezvousPort {
     rounds.pop_front();
     return f;
   }
-  void finished(const Round& r) override { log.push_back("finished " + std::to_string(r.number)); }
+  void finished(const Round& r) override {
+    log.push_back("finished " + std::to_string(r.number));
+    if (!store_gone.empty()) throw ddp::IoError(store_gone);
+  }
   RoundEvent end_round(const Round&, const RoundEvent& e, bool reopen) override {
-    posted.push_back(e);
     log.push_back(std::string("end_round ") + (reopen ? "reopen" : "final"));
+    if (!store_gone.empty()) throw ddp::IoError(store_gone);
+    posted.push_back(e);
     if (held) return *std::exchange(held, std::nullopt);
     return e;
   }
@@ -323,6 +330,34 @@ TEST_CASE("lifecycle: a lost store stops the workers and exits 1", "[unit][launc
   CHECK(run() == 1);
   CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "stop 15"});
   CHECK(run.err.find("lost the rendezvous store at 10.0.0.1:29400 (connection reset)") !=
+        std::string::npos);
+}
+
+TEST_CASE("lifecycle: a failure that cannot be posted within the grace: summary, then the store",
+          "[unit][launch]") {
+  Run run;
+  run.rdzv.rounds = {round(0, 0, 2, 1)};
+  run.rdzv.store_gone = "unreachable for 5 min 0 s, longer than --store-outage-grace=5 min 0 s";
+  run.events.seen = {worker_failed(2, 3)};
+  CHECK(run() == 1);
+  CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "start", "stop 15",
+                       "end_round reopen"});
+  CHECK(run.err.find("FAILED") != std::string::npos);  // this node's failure summary
+  CHECK(run.err.find("lost the rendezvous store at 10.0.0.1:29400 (unreachable for 5 min") !=
+        std::string::npos);
+}
+
+TEST_CASE("lifecycle: a finish that cannot be posted within the grace stops the node",
+          "[unit][launch]") {
+  Run run;
+  run.rdzv.rounds = {round(0, 0, 2, 0)};
+  run.rdzv.store_gone = "unreachable";
+  Observation done;
+  done.all_done = true;
+  run.events.seen = {done};
+  CHECK(run() == 1);
+  CHECK(run.log.back() == "stop 15");
+  CHECK(run.err.find("lost the rendezvous store at 10.0.0.1:29400 (unreachable)") !=
         std::string::npos);
 }
 
