@@ -250,9 +250,11 @@ std::optional<HangAction> HangMonitor::check(SteadyTime now) {
     if (epoch > answered_) answer_trigger(epoch);
     paused_ = false;
     if (bus_->leader()) return lead(now);
-  } catch (const IoError& e) {
+  } catch (const IoError&) {
     // The store is away (the agent rides the outage out, and says so): skip this check only.
-    (void)e;
+    paused_ = true;
+  } catch (const TimeoutError&) {
+    // A peer's summary is not there yet (the store came back empty, or the peer is slow).
     paused_ = true;
   } catch (const Error& e) {
     broken_ = true;

@@ -115,14 +115,22 @@ auto ResilientStore::run(F&& op) -> decltype(op(std::declval<rdzv::StoreClient&>
         attempt_ = 0;
         if (s_.report) s_.monitor->back(s_.who, OutageClock::now());
       };
-      if constexpr (std::is_void_v<decltype(op(*c))>) {
-        op(*c);
-        done();
-        return;
-      } else {
-        auto r = op(*c);
-        done();
-        return r;
+      // A new connection's handshake (and the republishing) was answered: the store is back,
+      // even if the request repeated now is a WAIT that blocks for a while.
+      if (replaced) done();
+      try {
+        if constexpr (std::is_void_v<decltype(op(*c))>) {
+          op(*c);
+          done();
+          return;
+        } else {
+          auto r = op(*c);
+          done();
+          return r;
+        }
+      } catch (const TimeoutError&) {
+        done();  // a WAIT that timed out was answered: the store is there
+        throw;
       }
     } catch (const IoError& e) {
       if (interrupted_) throw;
