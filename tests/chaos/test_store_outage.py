@@ -49,7 +49,7 @@ def test_a_restarted_store_does_not_stop_the_job(launcher, store, tmp_path, how)
     out.mkdir()
     args = ("--data-dir", str(tmp_path / "data")) if how.endswith("data-dir") else ()
     s = store(*args)
-    a, b = pair(launcher, s, out, env={"STEPS": "60"})
+    a, b = pair(launcher, s, out, env={"STEPS": "100"})
     assert wait_for(both_at(out, 5), 60), a.output() + b.output()
     s.stop(signal.SIGKILL if how.startswith("sigkill") else signal.SIGTERM)
     at_kill = step_of(out, 0)
@@ -61,10 +61,10 @@ def test_a_restarted_store_does_not_stop_the_job(launcher, store, tmp_path, how)
     # (not only when the round's event or its end next answers).
     assert wait_for(lambda: "is back after" in a.stderr and "is back after" in b.stderr, 15), \
         a.output() + b.output()
-    assert step_of(out, 0) < 60, "the store's return was said only at the job's end"
+    assert step_of(out, 0) < 100, "the store's return was said only at the job's end"
     assert a.wait(90) == 0, a.output()
     assert b.wait(90) == 0, b.output()
-    assert_went_on((a, b), out, 60)
+    assert_went_on((a, b), out, 100)
     if args:
         # The journal kept both agents' leases (with their wills) and the round's keys.
         assert "and 2 leases from" in s.output(), s.output()
