@@ -191,3 +191,32 @@ def test_tls_keys_are_refused_by_name(launcher, tmp_path):  # noqa: F811
                        "--rdzv-conf=cacert=/etc/ca.pem", "--no-python", "/bin/true", name="tls")
     assert a.wait(30) == 2
     assert "cacert: TLS is not built in" in a.stderr
+
+
+@pytest.mark.parametrize("members", [2, 3])
+def test_quorum_lost_for_a_while_and_back_the_job_goes_on(launcher, tmp_path, etcd3, members):  # noqa: F811
+    """Two (no quorum) or all three members stopped (SIGSTOP) for 8 s, shorter than the lease
+    ttl (12 s here): the agents ride it out (issue 32): no restart, no re-form."""
+    conf = ("join_timeout=40,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=12,"
+            "read_timeout=3")
+    job = Job(launcher, tmp_path, etcd3, 2, conf=conf)
+    a, b = job.start("nodeA"), job.start("nodeB")
+    assert wait_for(lambda: len(records(job.out)) >= 2, 60), job.output()
+    leader = etcd3.leader()
+    stopped = ([leader] + [i for i in range(3) if i != leader])[:members]
+    for i in stopped:
+        os.kill(etcd3.procs[i].pid, signal.SIGSTOP)
+    try:
+        time.sleep(8)
+        assert a.proc.poll() is None and b.proc.poll() is None, job.output()
+    finally:
+        for i in stopped:
+            os.kill(etcd3.procs[i].pid, signal.SIGCONT)
+    assert wait_for(lambda: etcd3.leader() is not None, 30), etcd3.logs()
+    time.sleep(2 * LEASE_S)
+    job.stop_workers()
+    for x in (a, b):
+        assert x.wait(60) == 0, job.output()
+    recs = records(job.out)
+    assert len(recs) == 2, job.output()  # one round: nobody restarted or re-formed
+    assert "died or stopped answering" not in a.stderr + b.stderr, job.output()
