@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from control_plane_soak import free_low_port as low_port
+
 WORKER = """
 import os, sys, time
 out, rank = os.environ["OUT"], os.environ["RANK"]
@@ -29,18 +31,6 @@ for i in range(int(os.environ["STEPS"])):
         f.write(str(i + 1))
     time.sleep(0.2)
 """
-
-
-def low_port():
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    while True:
-        port = random.randrange(low - 12000, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                pass
 
 
 def start_store(ddprund, port):
