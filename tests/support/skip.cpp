@@ -27,10 +27,18 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+std::vector<SkippedCase>& skips() {
+  static std::vector<SkippedCase> all;
+  return all;
+}
+
 }  // namespace
+
+const std::vector<SkippedCase>& skipped_cases() { return skips(); }
 
 void note_skip(const std::string& reason) {
   std::cout << "DDP_SKIPPED: " << reason << std::endl;
+  skips().push_back({Catch::getResultCapture().getCurrentTestName(), reason});
   const char* path = std::getenv("DDP_TEST_REPORT");
   if (path == nullptr || *path == '\0') return;
   // A case of a ctest entry per case (unit/, integration/) is counted by ctest; one of a suite

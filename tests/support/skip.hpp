@@ -1,4 +1,5 @@
-// DDP_SKIP(message): ends a Catch2 test case as skipped, visibly. Catch2 v2 has no skip, and a
+// DDP_SKIP(message): ends a Catch2 test case as skipped, visibly (and every run of a test binary
+// ends by listing its skipped cases with their reasons: catch_impl.cpp). Catch2 v2 has no skip, and a
 // test that returns early passes; so the message goes to stdout behind "DDP_SKIPPED: ", which
 // tests/CMakeLists.txt gives ctest as SKIP_REGULAR_EXPRESSION: ctest then counts the case as
 // skipped ("***Skipped"), and its reason goes to the report scripts/test.sh prints at the end
@@ -13,6 +14,7 @@
 
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace ddp::test {
 
@@ -23,6 +25,12 @@ void note_skip(const std::string& reason);
 void note_suite_skip(const std::string& reason);
 // True when DDP_REQUIRE_TOOLS=1.
 bool tools_required();
+// The cases this run skipped, with their reasons, in order (catch_impl.cpp prints them at the
+// end of every run: Catch2 itself counts them as passed).
+struct SkippedCase {
+  std::string test, reason;
+};
+const std::vector<SkippedCase>& skipped_cases();
 
 }  // namespace ddp::test
 
