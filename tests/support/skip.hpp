@@ -1,6 +1,6 @@
 // DDP_SKIP(message): ends a Catch2 test case as skipped, visibly (and every run of a test binary
-// ends by listing its skipped cases with their reasons: catch_impl.cpp). Catch2 v2 has no skip, and a
-// test that returns early passes; so the message goes to stdout behind "DDP_SKIPPED: ", which
+// ends by listing its skipped cases with their reasons: catch_impl.cpp). Catch2 v2 has no skip, and
+// a test that returns early passes; so the message goes to stdout behind "DDP_SKIPPED: ", which
 // tests/CMakeLists.txt gives ctest as SKIP_REGULAR_EXPRESSION: ctest then counts the case as
 // skipped ("***Skipped"), and its reason goes to the report scripts/test.sh prints at the end
 // (DDP_TEST_REPORT, skip.cpp). In a suite that ctest runs whole (the GPU tests), the report's
