@@ -21,25 +21,25 @@
 #include <sstream>
 #include <thread>
 
+#include "ddp/launch/agent_etcd.hpp"
 #include "ddp/launch/gpu_devices.hpp"
 #include "ddp/launch/lifecycle.hpp"
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/liveness.hpp"
 #include "ddp/launch/outage.hpp"
-#include "ddp/launch/resilient_store.hpp"
 #include "ddp/launch/rendezvous.hpp"
+#include "ddp/launch/resilient_store.hpp"
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/launch/status_reporter.hpp"
+#include "ddp/launch/store_clients.hpp"
 #include "ddp/launch/worker_output.hpp"
 #include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 #include "ddp/proto/number.hpp"
-#include "ddp/launch/limits.hpp"
-#include "ddp/launch/store_clients.hpp"
 
-#include "ddp/launch/agent_etcd.hpp"
 #include "agent_ports.hpp"
+#include "agent_status.hpp"
 #include "agent_store.hpp"
 
 namespace ddp::launch {
@@ -97,50 +97,6 @@ milliseconds slurm_aware_grace(const LaunchConfig& config,
         static_cast<double>(capped.count()) / 1000, kill_wait);
   }
   return capped;
-}
-
-// Each local rank's GPU as NVML numbers it (its place in the machine's bus-id order), for the
-// GPU figures: torch's workers take cuda:LOCAL_RANK of the visible ones.
-std::vector<int> nvml_indices(const EnvMap& env) {
-  const auto machine = machine_gpus(nvidia_gpus_dir(env));
-  std::vector<int> out;
-  for (const GpuDevice& v : visible_gpus(machine, env)) {
-    int index = -1;
-    for (std::size_t i = 0; i < machine.size(); ++i) {
-      if ((!v.pci_bus_id.empty() && v.pci_bus_id == machine[i].pci_bus_id) ||
-          (!v.uuid.empty() && v.uuid == machine[i].uuid)) {
-        index = static_cast<int>(i);
-      }
-    }
-    out.push_back(index);
-  }
-  return out;
-}
-
-// The live status's settings from the command line (docs/status.md).
-StatusSetup status_setup(const LaunchConfig& config, const EnvMap& env, const RendezvousStore& rs,
-                         const WorkersAddr& workers, const rdzv::ClientOptions& client) {
-  StatusSetup ss;
-  ss.run_id = config.rdzv_id;
-  ss.job_id = knobs::text("SLURM_JOB_ID", &env).value_or("");
-  ss.host = hostname();
-  ss.max_restarts = config.max_restarts;
-  ss.interval_s = config.status_interval_s;
-  ss.store_host = rs.host;
-  ss.store_port = rs.port;
-  ss.client = client;
-  ss.http_port = config.http_port;
-  ss.http_host = !config.http_host.empty() ? config.http_host
-                 : rs.server               ? rs.server->host()
-                 : !workers.bind.empty()   ? workers.bind
-                                           : "127.0.0.1";
-  if (rs.server) {
-    rdzv::StoreServer* server = rs.server.get();
-    ss.hosted_store_stats = [server] { return server->stats(); };
-  }
-  ss.trace_path = config.trace_path;
-  ss.progress = parse_progress_mode(config.progress);
-  return ss;
 }
 
 int make_signalfd(const std::vector<int>& signals) {
@@ -280,7 +236,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   // status (set below, once it exists).
   StatusReporter* status_of_outages = nullptr;
   OutageMonitor outages(
-      rdzv::Endpoint{rs.host, rs.port}.str(),
+      etcd ? "etcd " + rdzv::etcd::endpoints_text(etcd->options.endpoints)
+           : rdzv::Endpoint{rs.host, rs.port}.str(),
       milliseconds(static_cast<long>(config.store_outage_grace_s * 1000)),
       {[](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); },
        [&status_of_outages](const OutageSummary& s) {
@@ -293,10 +250,15 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   const auto seed =
       static_cast<std::uint64_t>(::getpid()) ^
       static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  // A connection that rides out the store's outages: to the TCP store with `o`'s settings, or
+  // to the etcd cluster with `o`'s timeout.
+  auto links = [&](const rdzv::ClientOptions& o) {
+    return etcd ? etcd_links(*etcd, o.timeout) : tcp_links(dialer(rs.host, rs.port, o));
+  };
   auto resilient = [&](const rdzv::ClientOptions& o, const char* who, int cancel_fd,
-                       std::unique_ptr<rdzv::StoreClient> first) {
+                       StoreLink first) {
     ResilientStore::Setup rs_setup;
-    rs_setup.connect = dialer(rs.host, rs.port, o);
+    rs_setup.connect = links(o);
     rs_setup.monitor = &outages;
     rs_setup.who = who;
     rs_setup.cancel_fd = cancel_fd;
@@ -304,10 +266,12 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     rs_setup.seed = seed ^ std::hash<std::string>{}(who);
     return std::make_unique<ResilientStore>(std::move(rs_setup), std::move(first));
   };
-  std::unique_ptr<ResilientStore> main_store;
-  if (tcp_store) main_store = resilient(co, "rendezvous", sigfd, std::move(tcp_store));
-  rdzv::Store& store =
-      etcd_store ? static_cast<rdzv::Store&>(*etcd_store) : static_cast<rdzv::Store&>(*main_store);
+  rdzv::ClientOptions etcd_co = co;  // the etcd cluster's requests: --rdzv-conf read_timeout
+  if (etcd) etcd_co.timeout = etcd->options.timeout;
+  std::unique_ptr<ResilientStore> main_store =
+      resilient(etcd ? etcd_co : co, "rendezvous", sigfd,
+                etcd ? etcd_link(std::move(etcd_store)) : tcp_link(std::move(tcp_store)));
+  rdzv::Store& store = *main_store;
   ro.where =
       etcd ? "the etcd cluster " + config.rdzv_endpoint : rdzv::Endpoint{rs.host, rs.port}.str();
   ro.on_wait = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
@@ -363,30 +327,25 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   }
 
   // Static and solo: the workers use the agent's store (static: on --master-port, as torchrun).
-  std::function<void()> interrupt = [&] {
-    if (etcd_store) etcd_store->interrupt();
-    if (main_store) main_store->interrupt();
-  };
-  StoreRendezvous rounds({rdzv, main_store.get(), interrupt, sigfd, solo, rs.server != nullptr,
-                          rs.host, rs.port, liveness.get(), lost_will, is_static || solo,
-                          workers.master_addr, workers.bind, access, rs.server.get(), [&] {
-                            if (main_store) main_store->stop_waiting();
-                          }});
+  std::function<void()> interrupt = [&] { main_store->interrupt(); };
+  StoreRendezvous rounds({rdzv, etcd ? nullptr : main_store.get(), interrupt, sigfd, solo,
+                          rs.server != nullptr, rs.host, rs.port, liveness.get(), lost_will,
+                          is_static || solo, workers.master_addr, workers.bind, access,
+                          rs.server.get(), [&] { main_store->stop_waiting(); }});
   // The round's event, watched on a connection of its own.
   auto make_watcher = [&](const std::string& key) -> std::unique_ptr<EventWatcher> {
-    if (etcd) return etcd_event_watcher(*etcd, key);
-    auto watch = resilient(clients.watcher, "watcher", -1, nullptr);
+    auto watch = resilient(etcd ? etcd_co : clients.watcher, "watcher", -1, {});
     ResilientStore* w = watch.get();
     return std::make_unique<EventWatcher>(
         std::move(watch), [w] { w->interrupt(); }, key, kWatchSlice);
   };
   // The hang monitor's bus: never holds up the agent's loop while the store is away.
   std::unique_ptr<ResilientStore> health_store;
-  if (main_store && !solo) {
+  if (!solo) {
     ResilientStore::Setup hs;
-    rdzv::ClientOptions quick = co;  // a reply or a connection within 2 s, or none this turn
+    rdzv::ClientOptions quick = etcd ? etcd_co : co;  // a reply within 2 s, or none this turn
     quick.timeout = std::min(quick.timeout, milliseconds(2000));
-    hs.connect = dialer(rs.host, rs.port, quick);
+    hs.connect = links(quick);
     hs.monitor = &outages;
     hs.who = "health";
     hs.report = false;
@@ -403,7 +362,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   hang.action = parse_on_hang(config.on_hang);
   hang.straggler_factor = config.straggler_factor;
   // The live status: published to the rendezvous store, served with --http-port.
-  StatusReporter status(status_setup(config, agent_env, rs, workers, clients.status));
+  StatusReporter status(status_setup(config, agent_env, rs, workers, clients.status, etcd));
   status_of_outages = &status;
   struct Unhook {  // the outage account outlives the status: it stops telling it first
     StatusReporter*& hook;
@@ -426,9 +385,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                        make_watcher,
                        hang,
                        timer.get(),
-                       solo           ? nullptr
-                       : health_store ? static_cast<rdzv::Store*>(health_store.get())
-                                      : &store,
+                       health_store.get(),
                        &status,
                        nvml_indices(agent_env)};
   LocalRound local(ls);

@@ -186,7 +186,7 @@ std::unique_ptr<InterruptibleEtcdStore> open_etcd_store(const EtcdSettings& sett
                                                         settings.options.timeout);
   try {
     store->check({run_key + "/round"});
-  } catch (const TimeoutError& e) {
+  } catch (const IoError& e) {
     throw IoError("the etcd cluster of --rdzv-endpoint (" +
                   etcd::endpoints_text(settings.options.endpoints) + ") did not answer within " +
                   std::to_string(settings.options.timeout.count()) +
@@ -195,12 +195,38 @@ std::unique_ptr<InterruptibleEtcdStore> open_etcd_store(const EtcdSettings& sett
   return store;
 }
 
-std::unique_ptr<EventWatcher> etcd_event_watcher(const EtcdSettings& settings, std::string key) {
-  auto store = std::make_unique<InterruptibleEtcdStore>(settings.options, settings.key_prefix,
-                                                        settings.options.timeout);
+std::unique_ptr<rdzv::Store> open_etcd_view(const EtcdSettings& settings,
+                                            std::chrono::milliseconds timeout) {
+  etcd::EtcdOptions o = settings.options;
+  o.timeout = timeout;
+  o.connect_timeout = std::min(o.connect_timeout, timeout);
+  o.cancel_fd = -1;
+  return std::make_unique<etcd::EtcdStore>(o, settings.key_prefix, timeout);
+}
+
+std::unique_ptr<rdzv::Store> open_etcd_view(const std::string& members,
+                                            const std::map<std::string, std::string>& conf) {
+  LaunchConfig c;
+  c.rdzv_backend = "etcd-v3";
+  c.rdzv_endpoint = members;
+  c.rdzv_conf = conf;
+  const auto timeout = std::chrono::milliseconds(5000);
+  return open_etcd_view(etcd_settings(c, timeout), timeout);
+}
+
+StoreLink etcd_link(std::unique_ptr<InterruptibleEtcdStore> store) {
   InterruptibleEtcdStore* raw = store.get();
-  return std::make_unique<EventWatcher>(
-      std::move(store), [raw] { raw->interrupt(); }, std::move(key));
+  return {std::move(store), [raw] { raw->interrupt(); }};
+}
+
+LinkDial etcd_links(const EtcdSettings& settings, std::chrono::milliseconds timeout) {
+  return [settings, timeout](bool again) {
+    etcd::EtcdOptions o = settings.options;
+    o.timeout = again ? std::min(timeout, std::chrono::milliseconds(5000)) : timeout;
+    o.connect_timeout = std::min(o.connect_timeout, o.timeout);
+    return etcd_link(
+        std::make_unique<InterruptibleEtcdStore>(o, settings.key_prefix, settings.options.timeout));
+  };
 }
 
 }  // namespace ddp::launch

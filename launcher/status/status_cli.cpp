@@ -155,6 +155,25 @@ StatusOptions parse_status_args(const std::vector<std::string>& args) {
     };
     if (is_one_of(flag, {"--rdzv-endpoint", "--rdzv_endpoint"})) {
       endpoint = value();
+    } else if (is_one_of(flag, {"--rdzv-backend", "--rdzv_backend"})) {
+      o.backend = value();
+      if (o.backend != "c10d" && o.backend != "etcd-v3") {
+        throw UsageError(flag + " '" + o.backend + "': expected c10d or etcd-v3");
+      }
+    } else if (is_one_of(flag, {"--rdzv-conf", "--rdzv_conf"})) {
+      const std::string text = value();
+      std::size_t at = 0;
+      while (at <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', at), text.size());
+        const std::string kv = text.substr(at, comma - at);
+        at = comma + 1;
+        if (kv.empty()) continue;
+        const auto e = kv.find('=');
+        if (e == std::string::npos || e == 0) {
+          throw UsageError(flag + ": '" + kv + "' is not KEY=VALUE");
+        }
+        o.rdzv_conf[kv.substr(0, e)] = kv.substr(e + 1);
+      }
     } else if (is_one_of(flag, {"--run-id", "--run_id", "--rdzv-id", "--rdzv_id"})) {
       o.run_id = value();
       if (o.run_id.empty()) throw UsageError(flag + " needs a non-empty run id");
@@ -171,6 +190,12 @@ StatusOptions parse_status_args(const std::vector<std::string>& args) {
     }
   }
   if (!endpoint) throw UsageError("--rdzv-endpoint HOST[:PORT] is required");
+  if (o.backend == "etcd-v3") {  // the members, checked where the cluster is opened
+    if (endpoint->empty()) throw UsageError("--rdzv-endpoint: no etcd member given");
+    o.members = *endpoint;
+    return o;
+  }
+  if (!o.rdzv_conf.empty()) throw UsageError("--rdzv-conf is for --rdzv-backend etcd-v3");
   try {
     o.endpoint = rdzv::parse_endpoint(*endpoint, kDefaultPort, "--rdzv-endpoint");
   } catch (const ConfigError& e) {
@@ -182,6 +207,7 @@ StatusOptions parse_status_args(const std::vector<std::string>& args) {
 std::string status_usage() {
   return "usage: ddprun status --rdzv-endpoint HOST[:PORT] [--run-id ID] [--watch]\n"
          "                     [--interval SECONDS] [--json]\n"
+         "                     [--rdzv-backend etcd-v3 [--rdzv-conf KEY=VALUE,...]]\n"
          "\n"
          "Shows a ddprun job while it runs, from its rendezvous store (a ddprund, or the agent\n"
          "that hosts the store): each node and rank with its state, restarts, step, step time,\n"
@@ -190,7 +216,11 @@ std::string status_usage() {
          "\n"
          "options:\n"
          "  --rdzv-endpoint HOST[:PORT]  the job's rendezvous store; port 29400 when left out\n"
-         "                               (also --rdzv_endpoint)\n"
+         "                               (also --rdzv_endpoint); etcd-v3: its members\n"
+         "  --rdzv-backend NAME           c10d (default: ddprund or the agent's store) or\n"
+         "                               etcd-v3 (the job's etcd cluster)\n"
+         "  --rdzv-conf KEY=VALUE,...      etcd-v3: the job's key_prefix, user, password_file,\n"
+         "                               read_timeout, as the agents were given them\n"
          "  --run-id ID                  the job's --rdzv-id (also --rdzv-id, --rdzv_id,\n"
          "                               --run_id); default: the newest job the store has seen\n"
          "  --watch                      refresh until SIGINT (Ctrl-C) or SIGTERM: in place on a\n"
@@ -205,7 +235,7 @@ std::string status_usage() {
          "reached or holds no such job; 2 a bad flag\n";
 }
 
-int run_status_command(const std::vector<std::string>& args) {
+int run_status_command(const std::vector<std::string>& args, const EtcdStatusStore& etcd) {
   StatusOptions o;
   try {
     o = parse_status_args(args);
@@ -219,19 +249,33 @@ int run_status_command(const std::vector<std::string>& args) {
     std::cout << status_usage();
     return 0;
   }
-  const std::string where = o.endpoint.str();
+  const bool on_etcd = o.backend == "etcd-v3";
+  const std::string where = on_etcd ? "etcd " + o.members : o.endpoint.str();
   try {
-    std::unique_ptr<rdzv::StoreClient> store;
-    try {
-      rdzv::ClientOptions co;
-      co.secret = proto::auth::job_secret().value_or("");
-      co.timeout = kStoreTimeout;
-      co.connect_timeout = kStoreTimeout;
-      store = std::make_unique<rdzv::StoreClient>(o.endpoint, co);
-    } catch (const ProtocolError&) {
-      std::cerr << "ddprun status: " << where
-                << " answers, but it is not a ddprun rendezvous store (a torch TCPStore?)\n";
-      return 1;
+    std::unique_ptr<rdzv::Store> store;
+    if (on_etcd) {
+      if (!etcd) {
+        std::cerr << "ddprun status: --rdzv-backend etcd-v3 is not built into this program\n";
+        return 2;
+      }
+      try {
+        store = etcd(o);
+      } catch (const ConfigError& e) {
+        std::cerr << "ddprun status: " << e.what() << "\n";
+        return 2;
+      }
+    } else {
+      try {
+        rdzv::ClientOptions co;
+        co.secret = proto::auth::job_secret().value_or("");
+        co.timeout = kStoreTimeout;
+        co.connect_timeout = kStoreTimeout;
+        store = std::make_unique<rdzv::StoreClient>(o.endpoint, co);
+      } catch (const ProtocolError&) {
+        std::cerr << "ddprun status: " << where
+                  << " answers, but it is not a ddprun rendezvous store (a torch TCPStore?)\n";
+        return 1;
+      }
     }
     if (o.watch) return watch(*store, o, o.run_id, where);
     std::string run_id = o.run_id;

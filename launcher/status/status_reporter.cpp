@@ -56,6 +56,22 @@ struct StatusReporter::Sampler {
   int reconnects = 0;
 };
 
+void tcp_status_store(StatusSetup& setup, const std::string& host, std::uint16_t port,
+                      const rdzv::ClientOptions& client) {
+  setup.store_where = host + ":" + std::to_string(port);
+  setup.connect = [host, port, client](bool again) -> std::unique_ptr<rdzv::Store> {
+    rdzv::ClientOptions co = client;
+    if (again) co.connect_timeout = std::chrono::milliseconds(1000);
+    return std::make_unique<rdzv::StoreClient>(host, port, co);
+  };
+  rdzv::ClientOptions view = client;
+  view.timeout = std::chrono::seconds(3);
+  view.connect_timeout = std::chrono::seconds(1);
+  setup.connect_view = [host, port, view]() -> std::unique_ptr<rdzv::Store> {
+    return std::make_unique<rdzv::StoreClient>(host, port, view);
+  };
+}
+
 StatusReporter::StatusReporter(StatusSetup setup) : s_(std::move(setup)) {
   node_.run_id = s_.run_id;
   node_.job_id = s_.job_id;
@@ -83,32 +99,23 @@ StatusReporter::~StatusReporter() {
 
 void StatusReporter::start() {
   sampler_ = std::make_unique<Sampler>();
-  if (s_.store_port != 0 && s_.interval_s > 0) {
+  if (s_.connect && s_.interval_s > 0) {
     try {
-      store_ = std::make_unique<rdzv::StoreClient>(s_.store_host, s_.store_port, s_.client);
+      store_ = s_.connect(false);
       std::lock_guard<std::mutex> g(mu_);
       status::join(*store_, node_);
       sampler_->joined = true;
     } catch (const Error& e) {
       std::fprintf(stderr,
-                   "ddprun: status: cannot publish to the store at %s:%u (%s); "
+                   "ddprun: status: cannot publish to the store at %s (%s); "
                    "the live status stays on this node\n",
-                   s_.store_host.c_str(), s_.store_port, e.what());
+                   s_.store_where.c_str(), e.what());
       store_.reset();
     }
   }
   if (s_.http_port >= 0) {
     status::ViewSources src;
-    const std::string host = s_.store_host;
-    const std::uint16_t port = s_.store_port;
-    rdzv::ClientOptions co = s_.client;  // the HTTP thread's: a view never waits long
-    co.timeout = std::chrono::seconds(3);
-    co.connect_timeout = std::chrono::seconds(1);
-    if (port != 0) {
-      src.connect = [host, port, co]() -> std::unique_ptr<rdzv::Store> {
-        return std::make_unique<rdzv::StoreClient>(host, port, co);
-      };
-    }
+    src.connect = s_.connect_view;
     src.default_run = s_.run_id;
     src.store_stats = s_.hosted_store_stats;
     src.local_node = [this] { return snapshot(); };
@@ -312,9 +319,7 @@ void StatusReporter::sample_and_publish() {
   if (!store_ && sampler_->joined && now >= sampler_->reconnect_at) {
     // The store went away (restarted, stopped, cut off): try again every few seconds, briefly.
     try {
-      rdzv::ClientOptions co = s_.client;
-      co.connect_timeout = std::chrono::milliseconds(1000);
-      auto fresh = std::make_unique<rdzv::StoreClient>(s_.store_host, s_.store_port, co);
+      auto fresh = s_.connect(true);
       status::rejoin(*fresh, copy);
       store_ = std::move(fresh);
       std::lock_guard<std::mutex> g(mu_);

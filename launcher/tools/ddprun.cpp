@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "ddp/launch/agent.hpp"
+#include "ddp/launch/agent_etcd.hpp"
 #include "ddp/launch/agent_error_file.hpp"
 #include "ddp/launch/descendants.hpp"
 #include "ddp/launch/round_workers.hpp"
@@ -38,7 +39,10 @@ long long raise_nofile() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "status") {
-    return ddp::launch::run_status_command(std::vector<std::string>(argv + 2, argv + argc));
+    return ddp::launch::run_status_command(
+        std::vector<std::string>(argv + 2, argv + argc), [](const ddp::launch::StatusOptions& o) {
+          return ddp::launch::open_etcd_view(o.members, o.rdzv_conf);
+        });
   }
   ddp::launch::AgentProcess process;
   process.inherited_fds = ddp::launch::list_open_fds();  // before ddprun opens any of its own

@@ -277,9 +277,9 @@ std::string EtcdHttp::post(std::string_view path, std::string_view body) {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
   }
-  DDP_THROW(TimeoutError, "etcd: no member of " + endpoints_text(opts_.endpoints) +
-                              " answered /v3/" + std::string(path) + " within " +
-                              std::to_string(opts_.timeout.count()) + " ms (last: " + last + ")");
+  DDP_THROW(IoError, "etcd: no member of " + endpoints_text(opts_.endpoints) + " answered /v3/" +
+                         std::string(path) + " within " + std::to_string(opts_.timeout.count()) +
+                         " ms (last: " + last + ")");
 }
 
 bool EtcdHttp::cancelled() const {
@@ -325,9 +325,9 @@ EtcdStream::EtcdStream(const EtcdHttp& client, std::string_view path, std::strin
     if ((i + 1) % o.endpoints.size() == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  DDP_THROW(TimeoutError, "etcd: no member of " + endpoints_text(o.endpoints) + " opened /v3/" +
-                              std::string(path) + " within " + std::to_string(o.timeout.count()) +
-                              " ms (last: " + last + ")");
+  DDP_THROW(IoError, "etcd: no member of " + endpoints_text(o.endpoints) + " opened /v3/" +
+                         std::string(path) + " within " + std::to_string(o.timeout.count()) +
+                         " ms (last: " + last + ")");
 }
 
 EtcdStream::~EtcdStream() = default;

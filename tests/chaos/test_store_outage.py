@@ -177,3 +177,39 @@ def test_ddp_train_loses_no_step_to_a_store_restart(launcher, store, tmp_path):
     assert "is back after" in a.stderr, a.output()
     assert results["restarted"]["steps"] == results["undisturbed"]["steps"]
     assert results["restarted"]["param_checksum"] == results["undisturbed"]["param_checksum"]
+
+
+def test_a_node_that_dies_during_the_outage_is_seen_when_the_store_returns(launcher, store,
+                                                                          tmp_path):
+    """nodeB is killed (SIGKILL, its workers with it) while ddprund is down; ddprund comes back
+    from its journal, B's restored lease waits one ttl for B's keepalive, expires, and its will
+    tells A, which re-forms alone (elastic 1:2) and finishes; membership changes are not
+    restarts (as torchrun's), so nothing is counted against --max-restarts."""
+    out = tmp_path / "out"
+    out.mkdir()
+    s = store("--data-dir", str(tmp_path / "data"))
+    run = "dies-" + uuid.uuid4().hex[:8]
+    common = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+              f"--rdzv-endpoint={s.endpoint}", f"--rdzv-id={run}", "--progress=lines",
+              "--max-restarts=1", "--rdzv-conf=join_timeout=60,last_call_timeout=1,"
+              "keep_alive_interval=1,keep_alive_max_attempt=3", *SH]
+    env = {"OUT": str(out), "STEPS": "100"}
+    a = launcher.start(*common, name="nodeA", env=env)
+    assert wait_for(lambda: len(read_starts(out)) >= 1 or a.proc.poll() is not None, 30)
+    b = launcher.start(*common, name="nodeB", env=env)
+    assert wait_for(lambda: [x["world"] for x in read_starts(out)][-2:] == ["2", "2"] and
+                    both_at(out, 3)(), 60), a.output() + b.output()
+    s.stop(signal.SIGKILL)
+    b.kill()
+    time.sleep(2)
+    s.start()
+    # Seen within the restored lease's ttl (3 s) and the re-form, with room for a slow machine.
+    assert wait_for(lambda: read_starts(out)[-1]["world"] == "1", 30), a.output() + b.output()
+    assert a.wait(90) == 0, a.output()
+    starts = read_starts(out)
+    # A alone, A and B, A alone again after B's death was seen
+    assert [x["world"] for x in starts] == ["1", "2", "2", "1"], a.output()
+    assert starts[-1]["rank"] == "0" and step_of(out, 0) == 100
+    assert "died or stopped answering the store" in a.stderr, a.output()
+    assert re.search(r"restarts +0 \(failures: 1 node joined, 1 node lost\)", a.stderr), \
+        a.output()

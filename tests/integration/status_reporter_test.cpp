@@ -27,8 +27,7 @@ TEST_CASE("status reporter: one SET per interval, hooks in the record, final sta
   ss.host = "testhost";
   ss.max_restarts = 2;
   ss.interval_s = 0.1;
-  ss.store_host = "127.0.0.1";
-  ss.store_port = server.port();
+  launch::tcp_status_store(ss, "127.0.0.1", server.port(), {});
   ss.progress = launch::ProgressMode::off;
   launch::StatusReporter rep(ss);
   rep.start();

@@ -60,7 +60,7 @@ class EtcdCluster:
         self.endpoints = [f"127.0.0.1:{p}" for p in self.client_ports]
         names = [f"e{i + 1}" for i in range(members)]
         initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, self.peer_ports))
-        self.procs = []
+        self.procs, self.args = [], []
         for i, name in enumerate(names):
             client = f"http://127.0.0.1:{self.client_ports[i]}"
             listen = ",".join([client] + [f"http://{h}:{self.client_ports[i]}"
@@ -77,9 +77,9 @@ class EtcdCluster:
                     "--quota-backend-bytes", str(64 << 20), "--logger", "zap"]
             if v2:
                 args.append("--enable-v2")
-            self.procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL, preexec_fn=_limit))
-            log.close()
+            self.args.append(args)
+            self.procs.append(None)
+            self._spawn(i)
         deadline = time.monotonic() + 30
         while self.leader() is None:
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
@@ -87,6 +87,17 @@ class EtcdCluster:
                 self.stop()
                 pytest.fail("etcd did not elect a leader in 30 s:\n" + logs)
             time.sleep(0.05)
+
+    def _spawn(self, i):
+        name = f"e{i + 1}"
+        with open(os.path.join(self.dir, f"{name}.log"), "a") as log:
+            self.procs[i] = subprocess.Popen(self.args[i], stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, preexec_fn=_limit)
+
+    def restart(self, i):
+        """Member i started again on its data dir and ports (after kill(i))."""
+        assert self.procs[i].poll() is not None, f"member {i} still runs"
+        self._spawn(i)
 
     @property
     def endpoint_list(self):

@@ -220,3 +220,44 @@ def test_quorum_lost_for_a_while_and_back_the_job_goes_on(launcher, tmp_path, et
     recs = records(job.out)
     assert len(recs) == 2, job.output()  # one round: nobody restarted or re-formed
     assert "died or stopped answering" not in a.stderr + b.stderr, job.output()
+
+
+def test_the_live_status_is_published_to_etcd(launcher, tmp_path, etcd1):  # noqa: F811
+    """Issue 32: the live view works on etcd-v3: `ddprun status --rdzv-backend etcd-v3` reads
+    both nodes' records from the cluster (under a key prefix), and so does an agent's own
+    /api/status (the page's source)."""
+    import json
+    import subprocess
+    import urllib.request
+    conf = FAST + ",key_prefix=/team-a"
+    job = Job(launcher, tmp_path, etcd1, 2, conf=conf)
+    job.args.insert(0, "--http-port=0")
+    a, b = job.start("nodeA"), job.start("nodeB")
+    assert wait_for(lambda: len(records(job.out)) >= 2, 60), job.output()
+    status = [os.path.join(BIN, "ddprun"), "status", "--rdzv-backend", "etcd-v3",
+              "--rdzv-endpoint", etcd1.endpoint_list, "--rdzv-conf", "key_prefix=/team-a",
+              "--run-id", job.run_id, "--json"]
+
+    def both_running():
+        r = subprocess.run(status, capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            return False
+        nodes = json.loads(r.stdout)["nodes"]
+        return len(nodes) == 2 and all(
+            n["state"] == "running" and [x["state"] for x in n["ranks"]] == ["running"]
+            for n in nodes)
+    assert wait_for(both_running, 30, interval=0.5), job.output()
+    # Without the key prefix the job is not there: the records live under it.
+    r = subprocess.run(status[:6] + status[8:], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "no" in r.stderr.lower(), r.stdout + r.stderr
+    m = re.search(r"ddprun: live view at http://([^/:\s]+):(\d+)/", a.stderr)
+    assert m, a.output()
+    url = f"http://{m.group(1)}:{m.group(2)}/api/status"
+
+    def both_on_the_page():  # the agent's page reads the whole job from the cluster
+        job_ = json.loads(urllib.request.urlopen(url, timeout=5).read().decode())
+        return sorted(n["host"] for n in job_["nodes"]) and len(job_["nodes"]) == 2
+    assert wait_for(both_on_the_page, 30, interval=0.5), job.output()
+    job.stop_workers()
+    for x in (a, b):
+        assert x.wait(60) == 0, job.output()

@@ -23,12 +23,23 @@ Dial dialer(std::string host, std::uint16_t port, rdzv::ClientOptions base) {
   };
 }
 
-ResilientStore::ResilientStore(Setup setup, std::unique_ptr<rdzv::StoreClient> first)
+StoreLink tcp_link(std::unique_ptr<rdzv::StoreClient> client) {
+  if (!client) return {};
+  rdzv::StoreClient* c = client.get();
+  return {std::move(client), [c] { c->interrupt(); }};
+}
+
+LinkDial tcp_links(Dial dial) {
+  return [dial = std::move(dial)](bool again) { return tcp_link(dial(again)); };
+}
+
+ResilientStore::ResilientStore(Setup setup, StoreLink first)
     : s_(std::move(setup)), jitter_(s_.seed) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw IoError(std::string("eventfd failed: ") + std::strerror(errno));
   // Without a first connection, the first request connects (a store away then is an outage).
-  client_ = std::move(first);
+  client_ = std::move(first.store);
+  interrupt_client_ = std::move(first.interrupt);
 }
 
 ResilientStore::~ResilientStore() {
@@ -43,10 +54,10 @@ void ResilientStore::interrupt() {
   std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
   std::lock_guard<std::mutex> g(mu_);
-  if (client_) client_->interrupt();
+  if (client_ && interrupt_client_) interrupt_client_();
 }
 
-std::shared_ptr<rdzv::StoreClient> ResilientStore::current() {
+std::shared_ptr<rdzv::Store> ResilientStore::current() {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (client_) return client_;
@@ -54,10 +65,11 @@ std::shared_ptr<rdzv::StoreClient> ResilientStore::current() {
   if (s_.impatient && OutageClock::now() < retry_after_) {
     throw IoError("store " + s_.monitor->where() + ": away; reconnecting later");
   }
-  std::shared_ptr<rdzv::StoreClient> fresh(s_.connect(true));
+  StoreLink fresh = s_.connect(true);
   std::lock_guard<std::mutex> g(mu_);
-  client_ = fresh;
-  if (interrupted_) client_->interrupt();
+  client_ = std::move(fresh.store);
+  interrupt_client_ = std::move(fresh.interrupt);
+  if (interrupted_ && interrupt_client_) interrupt_client_();
   return client_;
 }
 
@@ -101,11 +113,11 @@ void ResilientStore::failed(const std::string& error, OutageClock::time_point no
 // A connection that failed is first replaced at once, without counting an outage: it may have
 // died in an outage that is over (an idle connection learns of it only when used).
 template <typename F>
-auto ResilientStore::run(F&& op) -> decltype(op(std::declval<rdzv::StoreClient&>())) {
+auto ResilientStore::run(F&& op) -> decltype(op(std::declval<rdzv::Store&>())) {
   bool replaced = false;
   std::string first_error;  // what the failed connection said (the retry's may differ)
   while (true) {
-    std::shared_ptr<rdzv::StoreClient> c;
+    std::shared_ptr<rdzv::Store> c;
     try {
       c = current();
       if (replaced && s_.on_reconnect) s_.on_reconnect(*c);
@@ -136,7 +148,10 @@ auto ResilientStore::run(F&& op) -> decltype(op(std::declval<rdzv::StoreClient&>
       if (interrupted_) throw;
       {
         std::lock_guard<std::mutex> g(mu_);
-        if (client_ == c) client_.reset();
+        if (client_ == c) {
+          client_.reset();
+          interrupt_client_ = nullptr;
+        }
       }
       c.reset();  // closes the connection
       if (!replaced && lost_since_ == OutageClock::time_point{} && !s_.impatient) {
@@ -152,51 +167,51 @@ auto ResilientStore::run(F&& op) -> decltype(op(std::declval<rdzv::StoreClient&>
 }
 
 void ResilientStore::set(std::string_view key, std::string_view value) {
-  run([&](rdzv::StoreClient& c) { c.set(key, value); });
+  run([&](rdzv::Store& c) { c.set(key, value); });
 }
 std::string ResilientStore::get(std::string_view key) {
-  return run([&](rdzv::StoreClient& c) { return c.get(key); });
+  return run([&](rdzv::Store& c) { return c.get(key); });
 }
 std::int64_t ResilientStore::add(std::string_view key, std::int64_t delta) {
-  return run([&](rdzv::StoreClient& c) { return c.add(key, delta); });
+  return run([&](rdzv::Store& c) { return c.add(key, delta); });
 }
 std::string ResilientStore::compare_set(std::string_view key, std::string_view expected,
                                         std::string_view desired) {
-  return run([&](rdzv::StoreClient& c) { return c.compare_set(key, expected, desired); });
+  return run([&](rdzv::Store& c) { return c.compare_set(key, expected, desired); });
 }
 bool ResilientStore::check(const std::vector<std::string>& keys) {
-  return run([&](rdzv::StoreClient& c) { return c.check(keys); });
+  return run([&](rdzv::Store& c) { return c.check(keys); });
 }
 void ResilientStore::wait(const std::vector<std::string>& keys) {
-  run([&](rdzv::StoreClient& c) { c.wait(keys); });
+  run([&](rdzv::Store& c) { c.wait(keys); });
 }
 // A wait repeated after a reconnection waits only for what is left of its timeout.
 void ResilientStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   const auto until = std::chrono::steady_clock::now() + timeout;
-  run([&](rdzv::StoreClient& c) {
+  run([&](rdzv::Store& c) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         until - std::chrono::steady_clock::now());
     c.wait(keys, std::max(left, std::chrono::milliseconds(1)));
   });
 }
 bool ResilientStore::delete_key(std::string_view key) {
-  return run([&](rdzv::StoreClient& c) { return c.delete_key(key); });
+  return run([&](rdzv::Store& c) { return c.delete_key(key); });
 }
 std::int64_t ResilientStore::num_keys() {
-  return run([&](rdzv::StoreClient& c) { return c.num_keys(); });
+  return run([&](rdzv::Store& c) { return c.num_keys(); });
 }
 void ResilientStore::append(std::string_view key, std::string_view value) {
-  run([&](rdzv::StoreClient& c) { c.append(key, value); });
+  run([&](rdzv::Store& c) { c.append(key, value); });
 }
 std::vector<std::string> ResilientStore::multi_get(const std::vector<std::string>& keys) {
-  return run([&](rdzv::StoreClient& c) { return c.multi_get(keys); });
+  return run([&](rdzv::Store& c) { return c.multi_get(keys); });
 }
 void ResilientStore::multi_set(const std::vector<std::string>& keys,
                                const std::vector<std::string>& values) {
-  run([&](rdzv::StoreClient& c) { c.multi_set(keys, values); });
+  run([&](rdzv::Store& c) { c.multi_set(keys, values); });
 }
 std::vector<std::string> ResilientStore::list_keys() {
-  return run([&](rdzv::StoreClient& c) { return c.list_keys(); });
+  return run([&](rdzv::Store& c) { return c.list_keys(); });
 }
 
 }  // namespace ddp::launch

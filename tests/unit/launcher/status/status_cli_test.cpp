@@ -245,3 +245,27 @@ TEST_CASE("status table: nodes in group-rank order, small and large units", "[st
   CHECK(lines[3].find(" 42.2 ") != std::string::npos);
   CHECK(lines[3].find(" 5.0 TiB ") != std::string::npos);
 }
+
+TEST_CASE("status flags: the etcd-v3 backend takes its members and --rdzv-conf", "[status_cli]") {
+  using ddp::launch::parse_status_args;
+  const auto o = parse_status_args({"--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                                    "e1:2379,e2:2379", "--rdzv-conf=key_prefix=/a,user=u"});
+  CHECK(o.backend == "etcd-v3");
+  CHECK(o.members == "e1:2379,e2:2379");
+  CHECK(o.rdzv_conf.at("key_prefix") == "/a");
+  CHECK(o.rdzv_conf.at("user") == "u");
+  CHECK(parse_status_args({"--rdzv-endpoint", "h:1"}).backend == "c10d");
+  auto refused = [](std::vector<std::string> args, const std::string& says) {
+    try {
+      parse_status_args(args);
+      FAIL("accepted");
+    } catch (const ddp::UsageError& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::Contains(says));
+    }
+  };
+  refused({"--rdzv-backend", "zookeeper", "--rdzv-endpoint", "h"}, "expected c10d or etcd-v3");
+  refused({"--rdzv-backend=etcd-v3", "--rdzv-endpoint", "h", "--rdzv-conf", "novalue"},
+          "'novalue' is not KEY=VALUE");
+  refused({"--rdzv-endpoint", "h", "--rdzv-conf", "a=b"}, "--rdzv-conf is for");
+  refused({"--rdzv-backend=etcd-v3", "--rdzv-endpoint="}, "no etcd member");
+}

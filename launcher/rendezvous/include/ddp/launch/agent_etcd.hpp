@@ -6,7 +6,8 @@
 //   value; every agent watches the will keys, and a will key deleted by an expiry while it
 //   still held a will is carried out (create-if-absent) by whichever agent sees it first. A
 //   clean exit blanks the will before revoking the lease;
-// - etcd_event_watcher: the round's event watched with an etcd watch (no polling).
+// - etcd_links: connections to the cluster for ResilientStore, which rides out a cluster that
+//   lost its quorum or every member, as it rides out a TCP store's outage.
 // Public for bench/etcd_rdzv_bench.cpp.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +24,7 @@
 #include "ddp/launch/etcd_conf.hpp"
 #include "ddp/launch/liveness.hpp"
 #include "ddp/launch/rendezvous.hpp"
+#include "ddp/launch/resilient_store.hpp"
 #include "ddp/rdzv/etcd/store.hpp"
 
 namespace ddp::launch {
@@ -85,7 +88,19 @@ class EtcdLiveness final : public AgentLiveness {
 std::unique_ptr<InterruptibleEtcdStore> open_etcd_store(const EtcdSettings& settings,
                                                         const std::string& run_key);
 
-// The round's event key watched over etcd, each request within `timeout`.
-std::unique_ptr<EventWatcher> etcd_event_watcher(const EtcdSettings& settings, std::string key);
+// A plain store on the cluster for the live status (its publishing, its views, `ddprun status`),
+// each request within `timeout`.
+std::unique_ptr<rdzv::Store> open_etcd_view(const EtcdSettings& settings,
+                                            std::chrono::milliseconds timeout);
+// `ddprun status --rdzv-backend etcd-v3`: the members and --rdzv-conf as the agents had them
+// (ddp::ConfigError naming what is wrong with them).
+std::unique_ptr<rdzv::Store> open_etcd_view(const std::string& members,
+                                            const std::map<std::string, std::string>& conf);
+
+// The rounds' store on the etcd cluster as it is first opened, as a link.
+StoreLink etcd_link(std::unique_ptr<InterruptibleEtcdStore> store);
+// New connections to the cluster, each request trying the members for at most `timeout`
+// (reconnecting, `again`: at most 5 s; the backoff paces the attempts).
+LinkDial etcd_links(const EtcdSettings& settings, std::chrono::milliseconds timeout);
 
 }  // namespace ddp::launch

@@ -41,10 +41,13 @@ struct StatusSetup {
   std::string host;
   int max_restarts = 0;
   double interval_s = 1;  // 0: nothing published (the views still read the local record)
-  // The store that holds the records (the rendezvous store); port 0: none (no publishing).
-  std::string store_host;
-  std::uint16_t store_port = 0;
-  rdzv::ClientOptions client;
+  // The store that holds the records (the rendezvous store: the TCP store or the etcd
+  // cluster): the publishing thread's connections, `again` after one was lost (connecting
+  // briefly), and the HTTP views' own (a view never waits long). Null: none (no publishing;
+  // the views show this node). tcp_status_store() fills them for a TCP store.
+  std::function<std::unique_ptr<rdzv::Store>(bool again)> connect;
+  std::function<std::unique_ptr<rdzv::Store>()> connect_view;
+  std::string store_where;  // as the messages name it
   // HTTP views: port -1 off; 0 OS-chosen.
   std::string http_host;
   int http_port = -1;
@@ -53,6 +56,10 @@ struct StatusSetup {
   ProgressMode progress = ProgressMode::automatic;
   bool summary = true;
 };
+
+// `setup`'s connections to the TCP store at host:port with `client`'s settings.
+void tcp_status_store(StatusSetup& setup, const std::string& host, std::uint16_t port,
+                      const rdzv::ClientOptions& client);
 
 struct RankStart {
   int local_rank = 0;
@@ -114,7 +121,7 @@ class StatusReporter {
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;
-  std::unique_ptr<rdzv::StoreClient> store_;    // the publishing thread's (and finish's)
+  std::unique_ptr<rdzv::Store> store_;          // the publishing thread's (and finish's)
   std::unique_ptr<status::StatusViews> views_;  // used on the HTTP thread only
   std::unique_ptr<status::HttpServer> http_;
   bool tty_line_ = false;  // a progress line is on the terminal (ended before the summary)

@@ -1,8 +1,9 @@
-// A Store over TCP that rides out an unreachable store: a request whose connection fails is
-// retried on a new connection, reconnecting with outage.hpp's backoff, until the store is back
-// or the agent's outage has lasted longer than --store-outage-grace (then ddp::IoError naming
-// the store and how long it was gone). Used for the agent's rendezvous connection and its
-// round watcher (docs/rendezvous.md, "When the store goes away").
+// A Store that rides out an unreachable store (the TCP store, or the etcd cluster): a request
+// whose connection fails (ddp::IoError) is retried on a new connection, reconnecting with
+// outage.hpp's backoff, until the store is back or the agent's outage has lasted longer than
+// --store-outage-grace (then ddp::IoError naming the store and how long it was gone). Used for the
+// agent's rendezvous connection and its round watcher (docs/rendezvous.md, "When the store goes
+// away").
 //
 // A request that was sent and whose reply was lost may have been applied: SET, CAS from
 // absent, WAIT, GET and the reads are safe to repeat; an ADD repeated may count twice (the
@@ -28,11 +29,22 @@ using Dial = std::function<std::unique_ptr<rdzv::StoreClient>(bool again)>;
 // connects for at most a second: the backoff paces the attempts.
 Dial dialer(std::string host, std::uint16_t port, rdzv::ClientOptions base);
 
+// One connection to a store, and how another thread ends the request in progress on it (and
+// every later one) with ddp::IoError.
+struct StoreLink {
+  std::unique_ptr<rdzv::Store> store;
+  std::function<void()> interrupt;
+};
+using LinkDial = std::function<StoreLink(bool again)>;
+// A TCP connection as a link; the dialer's connections as links.
+StoreLink tcp_link(std::unique_ptr<rdzv::StoreClient> client);
+LinkDial tcp_links(Dial dial);
+
 class ResilientStore final : public rdzv::Store {
  public:
   struct Setup {
     // A new connection (always with `again`: connecting briefly, the backoff paces).
-    Dial connect;
+    LinkDial connect;
     OutageMonitor* monitor = nullptr;  // the agent's account (required): its grace, its messages
     std::string who;                   // this connection, as the monitor counts them
     bool report = true;                // tell the monitor of this connection's outages
@@ -48,8 +60,8 @@ class ResilientStore final : public rdzv::Store {
     Backoff backoff{};
     std::uint64_t seed = 1;
   };
-  // `first`: the connection already made (null: connect now).
-  ResilientStore(Setup setup, std::unique_ptr<rdzv::StoreClient> first = nullptr);
+  // `first`: the connection already made (no store: connect at the first request).
+  ResilientStore(Setup setup, StoreLink first = {});
   ~ResilientStore() override;
 
   void set(std::string_view key, std::string_view value) override;
@@ -76,14 +88,15 @@ class ResilientStore final : public rdzv::Store {
 
  private:
   template <typename F>
-  auto run(F&& op) -> decltype(op(std::declval<rdzv::StoreClient&>()));
-  std::shared_ptr<rdzv::StoreClient> current();
+  auto run(F&& op) -> decltype(op(std::declval<rdzv::Store&>()));
+  std::shared_ptr<rdzv::Store> current();
   void pause(std::chrono::milliseconds d);
   void failed(const std::string& error, OutageClock::time_point now);
 
   Setup s_;
   std::mutex mu_;
-  std::shared_ptr<rdzv::StoreClient> client_;
+  std::shared_ptr<rdzv::Store> client_;
+  std::function<void()> interrupt_client_;  // client_'s
   std::atomic<bool> interrupted_{false}, patient_{true};
   int wake_fd_ = -1;  // eventfd: interrupt() ends a pause
   Jitter jitter_;

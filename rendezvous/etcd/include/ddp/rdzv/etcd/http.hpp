@@ -43,8 +43,9 @@ class EtcdHttp {
   EtcdHttp(const EtcdHttp&) = delete;
   EtcdHttp& operator=(const EtcdHttp&) = delete;
 
-  // POST /v3/<path> (path without the /v3/), the 200 answer's body. Throws ddp::TimeoutError or
-  // ddp::IoError when no member answered in time (naming the endpoints and the last error),
+  // POST /v3/<path> (path without the /v3/), the 200 answer's body. Throws ddp::IoError when no
+  // member answered in time (naming the endpoints and the last error: the cluster is away, as
+  // a TCP store whose connection failed; ddp::TimeoutError stays a WAIT's own timeout),
   // ddp::ProtocolError with etcd's message for a refused request (4xx).
   std::string post(std::string_view path, std::string_view body);
 
