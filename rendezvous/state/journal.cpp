@@ -310,6 +310,7 @@ void Journal::record(std::uint8_t type, std::uint64_t id, std::int64_t number, s
   std::lock_guard<std::mutex> g(mu_);
   if (failed_) return;
   journal::encode(buf_, {static_cast<Type>(type), id, number, key, value});
+  buffered_.store(true, std::memory_order_relaxed);
 }
 
 void Journal::put(std::string_view k, std::string_view v) { record(1, 0, 0, k, v); }
@@ -343,9 +344,13 @@ void Journal::write_locked() {
   }
   buf_.clear();
   if (buf_.capacity() > (std::size_t{1} << 20)) std::string().swap(buf_);
+  // Cleared once the records are in the file (under mu_): a commit that sees it clear finds
+  // its own records written, by whichever thread wrote them.
+  buffered_.store(false, std::memory_order_release);
 }
 
 void Journal::commit() {
+  if (!buffered_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> g(mu_);
   write_locked();
 }

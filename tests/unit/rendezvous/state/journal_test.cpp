@@ -68,6 +68,16 @@ TEST_CASE("journal records round-trip and a torn tail is named", "[unit][rdzv][j
   CHECK(bad.status == journal::Decoded::torn);
   CHECK(bad.why.find("checksum") != std::string::npos);
   CHECK(journal::crc32c(std::span<const char>("123456789", 9)) == 0xE3069283u);  // CRC-32C
+  CHECK(journal::crc32c_portable(std::span<const char>("123456789", 9)) == 0xE3069283u);
+  // The instruction's path and the table's agree on every length and alignment.
+  std::string bytes;
+  for (int i = 0; i < 300; ++i) bytes.push_back(static_cast<char>((i * 131 + 7) & 0xFF));
+  for (std::size_t at = 0; at < 9; ++at) {
+    for (std::size_t n = 0; at + n <= bytes.size(); n += 13) {
+      const std::span<const char> part(bytes.data() + at, n);
+      CHECK(journal::crc32c(part) == journal::crc32c_portable(part));
+    }
+  }
 }
 
 TEST_CASE("a journaled table comes back whole after its process is gone", "[unit][rdzv][journal]") {

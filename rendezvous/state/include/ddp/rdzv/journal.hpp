@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -99,6 +100,9 @@ class Journal final : public ChangeSink {
   ReplayReport replayed_;
   mutable std::mutex mu_;
   std::string buf_;
+  // buf_ holds records: a commit with none (a read's) returns without the lock. A thread sees
+  // its own records' flag, and commits only what its own request changed.
+  std::atomic<bool> buffered_{false};
   bool dirty_ = false;  // written since the last fdatasync
   bool failed_ = false;
   bool stop_ = false;

@@ -38,6 +38,8 @@ struct Record {
 };
 
 std::uint32_t crc32c(std::span<const char> bytes);
+// The same a byte at a time (what crc32c uses where the CPU has no crc32 instruction).
+std::uint32_t crc32c_portable(std::span<const char> bytes);
 
 void encode_header(std::string& out, std::uint64_t generation);
 // The generation, or false when `bytes` does not start with a header.
