@@ -18,6 +18,7 @@
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/slurm_env.hpp"
 #include "ddp/launch/uuid.hpp"
+#include "ddp/proto/version.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 #include "ddp/proto/number.hpp"
@@ -280,6 +281,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                                             {"http_host", kUnset},
                                             {"store_allow", kUnset},
                                             {"trace", kUnset},
+                                            {"gpu_job_mapping_dir", kUnset},
                                             {"progress", "auto"},
                                             {"log_line_prefix_template", kUnset},
                                             {"max_nproc_per_node", kUnset}};
@@ -302,6 +304,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
                                                  {"module", &c.module},
                                                  {"no_python", &c.no_python},
                                                  {"run_path", &c.run_path},
+                                                 {"use_env", &c.use_env},
                                                  {"virtual_local_rank", &c.virtual_local_rank},
                                                  {"per_worker_slurm_env", &c.per_worker_slurm_env}};
   for (const auto& s : flag_specs()) {
@@ -371,6 +374,10 @@ ParseResult parse_launch_args(const std::vector<std::string>& argv,
   ParseResult result;
   if (argv.size() == 2 && argv[1] == "--help-markdown") {  // docs/launcher.md's flag table
     result.message = markdown_flag_table();
+    return result;
+  }
+  if (argv.size() == 2 && argv[1] == "--version") {  // torchrun has none: nothing to shadow
+    result.message = version_line("ddprun");
     return result;
   }
   try {

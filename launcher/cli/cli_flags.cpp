@@ -143,6 +143,15 @@ constexpr FlagSpec kFlags[] = {
     {"trace", "--trace", false, true, G::ddprun, "FILE", "(none)",
      "ddprun's own: at exit, write a Chrome/Perfetto trace of every node's launcher phases and "
      "ranks' steps to FILE (written by group rank 0)."},
+    {"use_env", "--use-env,--use_env", true, false, G::ddprun, "", "off",
+     "torch.distributed.launch's, for `ddprun launch` (its stand-in): pass the local rank in "
+     "LOCAL_RANK only, not as --local-rank=N before the script's arguments. Plain ddprun, as "
+     "torchrun, always does."},
+    {"gpu_job_mapping_dir", "--gpu-job-mapping-dir,--gpu_job_mapping_dir", false, true, G::ddprun,
+     "DIR", "(none)",
+     "ddprun's own: while the job runs, add its job id (SLURM_JOB_ID, else --rdzv-id) to the "
+     "file of each GPU its workers use in DIR, as NVIDIA's DCGM exporter reads them "
+     "(--hpc-job-mapping-dir), so GPU metrics carry the job; removed at exit."},
     {"progress", "--progress", false, true, G::ddprun, "{auto,tty,lines,off}", "auto",
      "ddprun's own: the local workers' progress line (step, samples/s, ETA): redrawn on a "
      "terminal (tty), a plain line every 10 s (lines), or auto (tty on a terminal, else lines); "
@@ -204,14 +213,17 @@ std::string help_text() {
   std::string out =
       "usage: ddprun [options] training_script [training_script_args ...]\n"
       "       ddprun status --rdzv-endpoint HOST[:PORT] [--run-id ID] [--watch] [--json]\n"
-      "                     (a running job's nodes and ranks; ddprun status --help)\n\n"
+      "                     (a running job's nodes and ranks; ddprun status --help)\n"
+      "       ddprun launch [options] [--use-env] training_script [args ...]\n"
+      "                     (python -m torch.distributed.launch's stand-in: --local-rank=N)\n\n"
       "A torchrun-compatible launcher: torchrun 2.15's flags, meanings and defaults.\n"
       "PET_<FLAG> environment variables give defaults for the flags marked (PET); the command\n"
       "line wins.\n\n"
       "positional arguments:\n"
       "  training_script       the program or Python script each worker runs, followed by its\n"
       "                        arguments ($local_rank and ${local_rank} are replaced)\n"
-      "\n  -h, --help            show this help and exit\n";
+      "\n  -h, --help            show this help and exit\n"
+      "  --version             show ddprun's version and exit\n";
   for (auto g : {G::size, G::rendezvous, G::user_code, G::compat, G::completion, G::ddprun}) {
     out += "\n" + std::string(group_title(g)) + ":\n";
     for (const auto& s : kFlags) {

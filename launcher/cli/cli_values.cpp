@@ -90,6 +90,12 @@ void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>&
   if (raw.at("store_allow") != kUnset) {
     c.store_allow = rdzv::parse_cidrs(raw.at("store_allow"), "--store-allow");
   }
+  if (raw.at("gpu_job_mapping_dir") != kUnset) {
+    if (raw.at("gpu_job_mapping_dir").empty()) {
+      throw ConfigError("--gpu-job-mapping-dir: empty folder name");
+    }
+    c.gpu_job_mapping_dir = raw.at("gpu_job_mapping_dir");
+  }
   if (raw.at("trace") != kUnset) {
     if (raw.at("trace").empty()) throw ConfigError("--trace: empty file name");
     c.trace_path = raw.at("trace");

@@ -23,6 +23,7 @@
 
 #include "ddp/launch/agent_etcd.hpp"
 #include "ddp/launch/gpu_devices.hpp"
+#include "ddp/launch/gpu_job_mapping.hpp"
 #include "ddp/launch/lifecycle.hpp"
 #include "ddp/launch/limits.hpp"
 #include "ddp/launch/liveness.hpp"
@@ -389,6 +390,15 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                        &status,
                        nvml_indices(agent_env)};
   LocalRound local(ls);
+  // DCGM's job mapping: the job's id in the files of the GPUs its workers use, while it runs
+  // (worker i uses the i-th visible GPU, as torch's cuda:LOCAL_RANK).
+  std::optional<GpuJobMapping> gpu_jobs;
+  if (!config.gpu_job_mapping_dir.empty()) {
+    auto gpus = nvml_indices(agent_env);
+    gpus.resize(std::min(gpus.size(), static_cast<std::size_t>(nproc)));
+    gpu_jobs.emplace(config.gpu_job_mapping_dir,
+                     knobs::text("SLURM_JOB_ID", &agent_env).value_or(config.rdzv_id), gpus);
+  }
   LifecycleConfig lc;
   lc.self = self;
   lc.run_id = config.rdzv_id;

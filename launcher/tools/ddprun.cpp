@@ -20,6 +20,7 @@
 #include "ddp/launch/worker_env.hpp"
 #include "ddp/launch/worker_group.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/version.hpp"
 
 extern char** environ;
 
@@ -53,7 +54,13 @@ int main(int argc, char** argv) {
     auto eq = kv.find('=');
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
-  auto parsed = ddp::launch::parse_launch_args(std::vector<std::string>(argv, argv + argc), env);
+  // `ddprun launch ...`: torch.distributed.launch's command line (its flags are torchrun's,
+  // plus --use-env; without it each script gets --local-rank=N). `python -m ddprun.launch`
+  // from the wheel runs this.
+  std::vector<std::string> args(argv, argv + argc);
+  const bool legacy_launch = args.size() > 1 && args[1] == "launch";
+  if (legacy_launch) args.erase(args.begin() + 1);
+  auto parsed = ddp::launch::parse_launch_args(args, env);
   if (!parsed.config) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;
@@ -66,6 +73,16 @@ int main(int argc, char** argv) {
   process.nofile_soft = raise_nofile();
   // Unlike torchrun, a compiled program (ELF) needs no --no-python: python could not run it.
   auto& config = *parsed.config;
+  if (legacy_launch && !config.use_env) {
+    if (config.no_python) {  // torch.distributed.launch's own rule and words
+      std::cerr << "ddprun launch: When using the '--no-python' flag, you must also set the "
+                   "'--use-env' flag.\n";
+      return 2;
+    }
+    config.local_rank_arg = true;
+    std::cerr << "ddprun launch: torch.distributed.launch's mode: each script gets "
+                 "--local-rank=N (with --use-env, LOCAL_RANK alone, as under ddprun)\n";
+  }
   // A bare name that is no file here but a program on PATH (`ddprun ddp-train ...`) is found
   // as exec finds it.
   if (!config.no_python && !config.module && !config.run_path) {
@@ -76,6 +93,14 @@ int main(int argc, char** argv) {
       program = ddp::launch::find_on_path(program, path == env.end() ? "" : path->second);
     }
     if (!program.empty() && ddp::launch::is_native_executable(program)) config.no_python = true;
+  }
+  if (!config.no_python || config.run_path) {  // said once: a wrong python fails every rank
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
+    const auto py =
+        ddp::launch::choose_python(env, exe, std::string_view(ddp::build_kind()) == "wheel");
+    config.python = py.path;
+    std::cerr << "ddprun: Python workers run " << py.path << " (" << py.why << ")\n";
   }
   int rc = 1;
   std::string error;  // for $TORCHELASTIC_ERROR_FILE

@@ -106,12 +106,28 @@ std::string find_on_path(const std::string& name, const std::string& path_var) {
   return "";
 }
 
+PythonChoice choose_python(const EnvMap& agent_env, const std::string& exe_dir, bool from_wheel) {
+  auto py = agent_env.find("PYTHON_EXEC");
+  if (py != agent_env.end() && !py->second.empty()) return {py->second, "PYTHON_EXEC"};
+  if (from_wheel && !exe_dir.empty()) {
+    for (const char* name : {"python3", "python"}) {
+      const std::string candidate = exe_dir + "/" + name;
+      if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) {
+        return {candidate, "the environment ddprun is installed in"};
+      }
+    }
+  }
+  return {"python3", "python3 from PATH"};
+}
+
 std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
                                      const EnvMap& agent_env) {
   std::vector<std::string> argv;
   if (!config.no_python || config.run_path) {
     auto py = agent_env.find("PYTHON_EXEC");  // declared in proto/src/knobs.cpp
-    argv.push_back(py != agent_env.end() && !py->second.empty() ? py->second : "python3");
+    argv.push_back(py != agent_env.end() && !py->second.empty() ? py->second
+                   : !config.python.empty()                     ? config.python
+                                                                : "python3");
     argv.push_back("-u");
     if (config.run_path) {  // torch's run_script_path under record() (run_path.hpp)
       argv.push_back("-c");
@@ -121,6 +137,7 @@ std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
     }
   }
   argv.push_back(substitute_local_rank(config.entrypoint, local_rank));
+  if (config.local_rank_arg) argv.push_back("--local-rank=" + std::to_string(local_rank));
   for (const auto& a : config.args) argv.push_back(substitute_local_rank(a, local_rank));
   return argv;
 }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "ddp/proto/version.hpp"
 #include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/access.hpp"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   std::string http_host, http_port_file;
   int http_port = 0;
   CLI::App app{"ddprund: c10d TCPStore-compatible rendezvous store daemon"};
+  app.set_version_flag("--version", ddp::version_line("ddprund"));
   app.add_option("--host", opts.host,
                  "address to bind (only this one; 0.0.0.0 or :: for every interface)")
       ->capture_default_str();

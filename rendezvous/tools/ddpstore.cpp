@@ -5,6 +5,7 @@
 #include <charconv>
 #include <iostream>
 
+#include "ddp/proto/version.hpp"
 #include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   long timeout_ms = 30000;
   std::vector<std::string> args;
   CLI::App app{"ddpstore: talk to a ddprund / c10d TCPStore server"};
+  app.set_version_flag("--version", ddp::version_line("ddpstore"));
   app.add_option("--endpoint", endpoint, "HOST:PORT, [IPV6]:PORT or HOST (port 29400) of the store")
       ->required();
   app.add_flag("--torch", torch, "plain torch protocol (no ddprun extensions)");

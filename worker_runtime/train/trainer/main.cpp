@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "ddp/proto/version.hpp"
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
   bool shm_allreduce = true;
   std::optional<std::string> progress_fd;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
+  app.set_version_flag("--version", ddp::version_line("ddp-train"));
   app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
   app.add_option("SAVE_EVERY", o.save_every, "write the snapshot every N epochs (0: never)")
       ->required();

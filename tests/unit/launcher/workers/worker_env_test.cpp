@@ -2,7 +2,13 @@
 // the values observed from a real torchrun run there.
 #include "ddp/launch/worker_env.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "ddp/proto/error.hpp"
 
@@ -184,4 +190,30 @@ TEST_CASE("flag --per-worker-slurm-env rewrites Slurm's task variables under Slu
   c.virtual_local_rank = false;
   env = worker_env(c, g, 2, {{"PATH", "/bin"}});
   for (const auto& [name, value] : env) CHECK(name.rfind("SLURM_", 0) != 0);
+}
+
+TEST_CASE("the workers' python: PYTHON_EXEC, else a wheel's own environment, else PATH's",
+          "[worker_env]") {
+  using ddp::launch::choose_python;
+  char tmpl[] = "/tmp/ddp-py-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string bin = tmpl;
+  CHECK(choose_python({}, bin, true).path == "python3");  // nothing beside it: PATH's
+  const std::string py = bin + "/python3";
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\n";
+  }
+  REQUIRE(::chmod(py.c_str(), 0755) == 0);
+  CHECK(choose_python({}, bin, true).path == py);
+  CHECK(choose_python({}, bin, true).why == "the environment ddprun is installed in");
+  CHECK(choose_python({}, bin, false).path == "python3");  // built from source: today's rule
+  CHECK(choose_python({{"PYTHON_EXEC", "/opt/py"}}, bin, true).path == "/opt/py");
+  CHECK(choose_python({{"PYTHON_EXEC", ""}}, bin, true).path == py);
+  ddp::launch::LaunchConfig c;
+  c.entrypoint = "t.py";
+  c.python = py;
+  CHECK(ddp::launch::worker_argv(c, 0, {}).front() == py);
+  CHECK(ddp::launch::worker_argv(c, 0, {{"PYTHON_EXEC", "/opt/py"}}).front() == "/opt/py");
+  std::filesystem::remove_all(bin);
 }

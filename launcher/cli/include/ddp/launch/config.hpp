@@ -58,6 +58,13 @@ struct LaunchConfig {
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 29500;
   std::string local_addr;
+  // The interpreter of Python workers when PYTHON_EXEC is unset: "" is python3 from PATH; a
+  // ddprun installed from a wheel sets its own environment's (choose_python, worker_env.hpp).
+  std::string python;
+  // `ddprun launch` (torch.distributed.launch's stand-in) without --use-env: each worker gets
+  // --local-rank=N between the script and its arguments, as torch's launch module gives it.
+  bool use_env = false;
+  bool local_rank_arg = false;
   std::vector<int> signals_to_handle;  // signal numbers
   // The flag's text as given: exported as TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun does.
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
@@ -91,6 +98,8 @@ struct LaunchConfig {
   int http_port = -1;
   std::string http_host;
   std::string trace_path;
+  // --gpu-job-mapping-dir: DCGM exporter's job mapping folder ("": none; gpu_job_mapping.hpp).
+  std::string gpu_job_mapping_dir;
   std::string progress = "auto";
   // --store-allow: networks admitted to the agent's stores without authenticating
   // (docs/security.md), besides loopback and the round's nodes.

@@ -38,7 +38,19 @@ bool is_native_executable(const std::string& path);
 // has a '/').
 std::string find_on_path(const std::string& name, const std::string& path_var);
 
-// The worker's argv. PYTHON_EXEC in `agent_env` replaces the python executable.
+// The interpreter Python workers run, and why (for the line the agent prints at start):
+// PYTHON_EXEC when set; else, for a ddprun installed from a wheel (`from_wheel`), the python3
+// (or python) beside its own executable in `exe_dir`: the environment it was installed in, so
+// that /venv/bin/ddprun runs /venv/bin/python3 without an activated venv (torchrun runs its
+// own interpreter); else "python3" from PATH.
+struct PythonChoice {
+  std::string path;  // "python3": looked up in PATH
+  std::string why;
+};
+PythonChoice choose_python(const EnvMap& agent_env, const std::string& exe_dir, bool from_wheel);
+
+// The worker's argv: PYTHON_EXEC in `agent_env`, else config.python, else python3 runs a
+// Python entrypoint.
 std::vector<std::string> worker_argv(const LaunchConfig& config, int local_rank,
                                      const EnvMap& agent_env);
 
