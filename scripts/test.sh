@@ -11,6 +11,8 @@
 #   3. build-fuzz/  clang libFuzzer run of the decoder+dispatch for $DDP_FUZZ_SECONDS (60)
 #   4. build-cuda/  DDP_WITH_CUDA=ON: the CUDA code compiles and links (when nvcc exists)
 #   5. clang-format --dry-run over every C++/CUDA file
+#   6. packages: the wheel and the .deb (scripts/build_packages.sh, ccache-warm from build/),
+#                the wheel in a fresh venv and a bare Debian root, the .deb installed and purged
 # Every tree is a unity build (8 sources a unit) and the sanitized ones compile at -O1: the cold
 # run's figures are in docs/testing.md. Tests run in a network namespace with only loopback
 # (scripts/loopback_only.sh).
@@ -161,6 +163,14 @@ fmt() {
   [[ -z "$bad" ]] || { echo "not clang-formatted: $bad"; return 1; }
 }
 step "clang-format" fmt
+
+note "6. packages: the wheel (fresh venv, bare Debian root) and the .deb (dpkg -i, the unit, purge)"
+if scripts/build_packages.sh --like-tests; then
+  run_pytest "install: wheel" tests/install/test_wheel.py
+  run_pytest "install: deb" tests/install/test_deb.py
+else
+  echo "FAILED: packages"; failed=$((failed + 1))
+fi
 
 note "end"
 echo

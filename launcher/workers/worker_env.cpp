@@ -110,10 +110,19 @@ PythonChoice choose_python(const EnvMap& agent_env, const std::string& exe_dir, 
   auto py = agent_env.find("PYTHON_EXEC");
   if (py != agent_env.end() && !py->second.empty()) return {py->second, "PYTHON_EXEC"};
   if (from_wheel && !exe_dir.empty()) {
-    for (const char* name : {"python3", "python"}) {
-      const std::string candidate = exe_dir + "/" + name;
-      if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) {
-        return {candidate, "the environment ddprun is installed in"};
+    // The scripts folder itself (<prefix>/bin), or, where auditwheel moved the programs into
+    // <prefix>/lib/pythonX.Y/site-packages/ddprun.scripts, that prefix's bin.
+    for (const std::string& bin : {exe_dir, exe_dir + "/../../../../bin"}) {
+      for (const char* name : {"python3", "python"}) {
+        const std::string candidate = bin + "/" + name;
+        if (::access(candidate.c_str(), X_OK) == 0 &&
+            !std::filesystem::is_directory(candidate)) {
+          // The folder made plain; the venv's python3 itself stays a link to the base
+          // interpreter (resolving it would leave the venv).
+          std::error_code ec;
+          const auto dir = std::filesystem::weakly_canonical(bin, ec);
+          return {ec ? candidate : (dir / name).string(), "the environment ddprun is installed in"};
+        }
       }
     }
   }

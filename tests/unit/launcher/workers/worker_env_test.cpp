@@ -217,3 +217,21 @@ TEST_CASE("the workers' python: PYTHON_EXEC, else a wheel's own environment, els
   CHECK(ddp::launch::worker_argv(c, 0, {{"PYTHON_EXEC", "/opt/py"}}).front() == "/opt/py");
   std::filesystem::remove_all(bin);
 }
+
+TEST_CASE("the workers' python of a repaired wheel: <prefix>/bin beside site-packages",
+          "[worker_env]") {
+  char tmpl[] = "/tmp/ddp-venv-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::filesystem::path prefix = tmpl;
+  const auto scripts = prefix / "lib" / "python3.11" / "site-packages" / "ddprun.scripts";
+  std::filesystem::create_directories(scripts);
+  std::filesystem::create_directories(prefix / "bin");
+  {
+    std::ofstream f(prefix / "bin" / "python3");
+    f << "#!/bin/sh\n";
+  }
+  REQUIRE(::chmod((prefix / "bin" / "python3").c_str(), 0755) == 0);
+  const auto py = ddp::launch::choose_python({}, scripts.string(), true);
+  CHECK(py.path == (prefix / "bin" / "python3").string());
+  std::filesystem::remove_all(prefix);
+}

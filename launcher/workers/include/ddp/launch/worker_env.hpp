@@ -40,7 +40,9 @@ std::string find_on_path(const std::string& name, const std::string& path_var);
 
 // The interpreter Python workers run, and why (for the line the agent prints at start):
 // PYTHON_EXEC when set; else, for a ddprun installed from a wheel (`from_wheel`), the python3
-// (or python) beside its own executable in `exe_dir`: the environment it was installed in, so
+// (or python) of the environment it was installed in: beside its executable in `exe_dir`, or
+// in <prefix>/bin when auditwheel put it in <prefix>/lib/pythonX.Y/site-packages/
+// ddprun.scripts, so
 // that /venv/bin/ddprun runs /venv/bin/python3 without an activated venv (torchrun runs its
 // own interpreter); else "python3" from PATH.
 struct PythonChoice {
