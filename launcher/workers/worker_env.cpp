@@ -112,16 +112,21 @@ PythonChoice choose_python(const EnvMap& agent_env, const std::string& exe_dir, 
   if (from_wheel && !exe_dir.empty()) {
     // The scripts folder itself (<prefix>/bin), or, where auditwheel moved the programs into
     // <prefix>/lib/pythonX.Y/site-packages/ddprun.scripts, that prefix's bin.
-    for (const std::string& bin : {exe_dir, exe_dir + "/../../../../bin"}) {
+    std::vector<std::string> bins{exe_dir};
+    const std::filesystem::path dir(exe_dir);
+    if (dir.filename() == "ddprun.scripts" && dir.parent_path().filename() == "site-packages") {
+      bins.push_back(exe_dir + "/../../../../bin");
+    }
+    for (const std::string& bin : bins) {
       for (const char* name : {"python3", "python"}) {
         const std::string candidate = bin + "/" + name;
-        if (::access(candidate.c_str(), X_OK) == 0 &&
-            !std::filesystem::is_directory(candidate)) {
+        if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) {
           // The folder made plain; the venv's python3 itself stays a link to the base
           // interpreter (resolving it would leave the venv).
           std::error_code ec;
-          const auto dir = std::filesystem::weakly_canonical(bin, ec);
-          return {ec ? candidate : (dir / name).string(), "the environment ddprun is installed in"};
+          const auto folder = std::filesystem::weakly_canonical(bin, ec);
+          return {ec ? candidate : (folder / name).string(),
+                  "the environment ddprun is installed in"};
         }
       }
     }
