@@ -55,17 +55,18 @@ class StoreHealthBus final : public HealthBus {
                         " of a group of " + std::to_string(world_));
     }
     for (int g = 0; g < world_; ++g) health_keys_.push_back(health_key(g));
-    if (leader()) client_.multi_set(health_keys_, std::vector<std::string>(health_keys_.size()));
   }
 
   bool leader() const override { return group_rank_ == 0; }
 
   void publish(const NodeSummary& s) override {
+    make_keys();
     client_.set(health_key(group_rank_), encode_summary(s));
   }
 
   std::vector<NodeSummary> collect() override {
     if (!leader()) leader_only("collect()");
+    make_keys();
     auto values = client_.multi_get(health_keys_);
     std::vector<NodeSummary> out;
     for (std::size_t g = 0; g < values.size(); ++g) {
@@ -123,6 +124,14 @@ class StoreHealthBus final : public HealthBus {
   }
 
  private:
+  // The leader makes every node's key (empty) before its first collect(), so that a node yet
+  // to publish reads as absent. Done on first use, not when the bus is made: a store away at
+  // the round's start (the agent rides it out) then costs one check, not the agent.
+  void make_keys() {
+    if (!leader() || keys_made_) return;
+    client_.multi_set(health_keys_, std::vector<std::string>(health_keys_.size()));
+    keys_made_ = true;
+  }
   std::string health_key(int g) const { return prefix_ + "/health/" + std::to_string(g); }
   std::string hang_key() const { return prefix_ + "/hang"; }
   std::string stacks_key(std::uint64_t epoch, int g) const {
@@ -135,6 +144,7 @@ class StoreHealthBus final : public HealthBus {
   int world_;
   std::vector<std::string> health_keys_;
   std::uint64_t last_epoch_ = 0;
+  bool keys_made_ = false;
   std::set<std::uint64_t> epochs_;  // the epochs this leader triggered
 };
 

@@ -26,7 +26,8 @@ from ddprun_multinode_helpers import launcher, wait_for  # noqa: E402,F401  (the
 DDPRUND = os.path.join(BIN, "ddprund")
 
 # A worker: appends "start rank=R world=W restart=N pid=P" to $OUT/starts, then counts STEPS
-# steps of STEP_S seconds, the last one reached in $OUT/step_<rank>; FAIL_AT=R:S makes rank R
+# steps of STEP_S seconds, the last one reached in $OUT/step_<rank> (renamed into place: a
+# reader never sees the file empty, as `echo > file` would show it); FAIL_AT=R:S makes rank R
 # exit 3 at step S of its first attempt.
 WORKER = r'''
 echo "start rank=$RANK world=$WORLD_SIZE restart=$TORCHELASTIC_RESTART_COUNT pid=$$" >> "$OUT/starts"
@@ -35,7 +36,8 @@ while [ $i -lt "${STEPS:-30}" ]; do
   if [ "${FAIL_AT:-}" = "$RANK:$i" ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
     echo "rank $RANK fails at step $i"; exit 3
   fi
-  i=$((i+1)); echo $i > "$OUT/step_$RANK"; sleep "${STEP_S:-0.2}"
+  i=$((i+1)); echo $i > "$OUT/.step_$RANK"; mv -f "$OUT/.step_$RANK" "$OUT/step_$RANK"
+  sleep "${STEP_S:-0.2}"
 done
 '''
 SH = ("--no-python", "/bin/sh", "-c", WORKER)

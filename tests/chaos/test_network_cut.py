@@ -20,7 +20,7 @@ WORKER = r'''
 echo "start rank=$RANK world=$WORLD_SIZE master=$MASTER_PORT restart=$TORCHELASTIC_RESTART_COUNT pid=$$ t=$(date +%s.%N)" >> "$OUT/starts"
 trap 'echo "end pid=$$ t=$(date +%s.%N)" >> "$OUT/ends"; exit 0' TERM INT
 i=0
-while [ $i -lt "$STEPS" ]; do i=$((i+1)); echo $i > "$OUT/step_$RANK"; sleep 0.2; done
+while [ $i -lt "$STEPS" ]; do i=$((i+1)); echo $i > "$OUT/.step_$RANK"; mv -f "$OUT/.step_$RANK" "$OUT/step_$RANK"; sleep 0.2; done
 echo "end pid=$$ t=$(date +%s.%N)" >> "$OUT/ends"
 '''
 
