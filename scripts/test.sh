@@ -133,7 +133,8 @@ step "fuzz" fuzz
 note "4. CUDA build (compile and link only unless a GPU is present)"
 if command -v nvcc >/dev/null; then
   cuda() {
-    cmake -S . -B build-cuda -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON >/dev/null &&
+    cmake -S . -B build-cuda -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDDP_WITH_CUDA=ON \
+      -DDDP_TORCH2_PYTHON="$venv/bin/python" >/dev/null &&
       ninja -C build-cuda ddp_kernels ddp_gpu_tests ddp_worker ddp-train kernel_bench ddprun || return 1
     # Without a GPU every test here is a visible skip. Its ctest summary would be the last
     # runner summary of the log, and CI reads "0 of 1 run" as "ran no test"; so its output goes

@@ -29,6 +29,7 @@ namespace ddp::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using kernels::nccl;  // loaded at run time (gpu_libraries.hpp)
 
 // A non-blocking NCCL communicator (ncclConfig_t::blocking = 0): every wait polls the stream and
 // ncclCommGetAsyncError, so a dead peer or a timeout ends in ncclCommAbort and an NcclError
@@ -37,11 +38,12 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
  public:
   NcclCommunicator(const CommOptions& o, int device)
       : rank_(o.rank), size_(o.size), timeout_(o.timeout) {
+    nccl();  // a missing NCCL is named here, before the store or the device are touched
     DDP_CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId id{};
     const std::string key = o.key_prefix + "/nccl_id";
     if (rank_ == 0) {
-      DDP_NCCL_CHECK(ncclGetUniqueId(&id));
+      DDP_NCCL_CHECK(nccl().get_unique_id(&id));
       o.store->set(key, std::string_view(id.internal, sizeof id.internal));
     } else {
       o.store->wait({key}, o.timeout);
@@ -56,7 +58,7 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     live("ncclCommInitRankConfig", [&] {
-      DDP_NCCL_CHECK_NONBLOCKING(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+      DDP_NCCL_CHECK_NONBLOCKING(nccl().comm_init_rank_config(&comm_, size_, id, rank_, &config));
     });
     wait_ready("ncclCommInitRankConfig");
     live("the communicator's stream", [&] {
@@ -71,19 +73,19 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     if (comm_ == nullptr || aborted_) return;
     // Non-blocking: finalize may be in progress; poll it (bounded), then destroy. On an error
     // or a timeout, abort instead, so a gone peer cannot hang the teardown.
-    bool clean = ncclCommFinalize(comm_) != ncclSystemError;
+    bool clean = nccl().comm_finalize(comm_) != ncclSystemError;
     const auto deadline = Clock::now() + std::min(timeout_, std::chrono::milliseconds(30000));
     ncclResult_t state = ncclInProgress;
     while (clean) {
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) clean = false;
+      if (nccl().comm_get_async_error(comm_, &state) != ncclSuccess) clean = false;
       if (state == ncclSuccess) break;
       if (state != ncclInProgress || Clock::now() > deadline) clean = false;
       std::this_thread::yield();
     }
     if (clean) {
-      ncclCommDestroy(comm_);
+      nccl().comm_destroy(comm_);
     } else {
-      ncclCommAbort(comm_);
+      nccl().comm_abort(comm_);
     }
   }
 
@@ -95,14 +97,15 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     if (count == 0) return;
     enqueue("ncclAllReduce", [&] {
       DDP_NCCL_CHECK_NONBLOCKING(
-          ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_));
+          nccl().all_reduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_));
     });
     wait_stream("all_reduce");
   }
   void broadcast(void* data, std::size_t bytes, int root) override {
     if (bytes == 0) return;
     enqueue("ncclBroadcast", [&] {
-      DDP_NCCL_CHECK_NONBLOCKING(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
+      DDP_NCCL_CHECK_NONBLOCKING(
+          nccl().broadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
     });
     wait_stream("broadcast");
   }
@@ -113,14 +116,14 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     enqueue("ncclAllReduce", [&] {
       DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(ready_event), 0));
       DDP_NCCL_CHECK_NONBLOCKING(
-          ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_));
+          nccl().all_reduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_));
     });
   }
   void wait_all() override { wait_stream("bucket all_reduce"); }
   void all_gather(const void* in, void* out, std::size_t bytes) override {
     if (bytes == 0) return;
     enqueue("ncclAllGather", [&] {
-      DDP_NCCL_CHECK_NONBLOCKING(ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_));
+      DDP_NCCL_CHECK_NONBLOCKING(nccl().all_gather(in, out, bytes, ncclUint8, comm_, stream_));
     });
     wait_stream("all_gather");
   }
@@ -133,20 +136,20 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
       // In place (out == in + rank * count) is ncclReduceScatter's own in-place form.
       enqueue("ncclReduceScatter", [&] {
         DDP_NCCL_CHECK_NONBLOCKING(
-            ncclReduceScatter(in, out, counts[0], ncclFloat32, ncclSum, comm_, stream_));
+            nccl().reduce_scatter(in, out, counts[0], ncclFloat32, ncclSum, comm_, stream_));
       });
     } else {
       // Part q reduced to rank q; a non-root's recvbuff is not used (torch passes its own
       // output there too). In place is ncclReduce's own (sendbuff == recvbuff on the root).
       enqueue("ncclReduce (reduce_scatter_sum)", [&] {
-        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupStart());
+        DDP_NCCL_CHECK_NONBLOCKING(nccl().group_start());
         for (int q = 0; q < size_; ++q) {
           const auto uq = static_cast<std::size_t>(q);
           if (counts[uq] == 0) continue;
-          DDP_NCCL_CHECK_NONBLOCKING(
-              ncclReduce(in + off[uq], out, counts[uq], ncclFloat32, ncclSum, q, comm_, stream_));
+          DDP_NCCL_CHECK_NONBLOCKING(nccl().reduce(in + off[uq], out, counts[uq], ncclFloat32,
+                                                   ncclSum, q, comm_, stream_));
         }
-        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupEnd());
+        DDP_NCCL_CHECK_NONBLOCKING(nccl().group_end());
       });
     }
     wait_stream("reduce_scatter_sum");
@@ -158,19 +161,21 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     if (equal(counts)) {
       // In place (in == out + rank * count) is ncclAllGather's own in-place form.
       enqueue("ncclAllGather (all_gather_v)", [&] {
-        DDP_NCCL_CHECK_NONBLOCKING(ncclAllGather(in, out, counts[0], ncclFloat32, comm_, stream_));
+        DDP_NCCL_CHECK_NONBLOCKING(
+            nccl().all_gather(in, out, counts[0], ncclFloat32, comm_, stream_));
       });
     } else {
       // Part q broadcast from rank q into its place in out; in place when in == out + off[q].
       enqueue("ncclBroadcast (all_gather_v)", [&] {
-        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupStart());
+        DDP_NCCL_CHECK_NONBLOCKING(nccl().group_start());
         for (int q = 0; q < size_; ++q) {
           const auto uq = static_cast<std::size_t>(q);
           if (counts[uq] == 0) continue;
-          DDP_NCCL_CHECK_NONBLOCKING(ncclBroadcast(q == rank_ ? in : out + off[uq], out + off[uq],
-                                                   counts[uq], ncclFloat32, q, comm_, stream_));
+          DDP_NCCL_CHECK_NONBLOCKING(nccl().broadcast(q == rank_ ? in : out + off[uq],
+                                                      out + off[uq], counts[uq], ncclFloat32, q,
+                                                      comm_, stream_));
         }
-        DDP_NCCL_CHECK_NONBLOCKING(ncclGroupEnd());
+        DDP_NCCL_CHECK_NONBLOCKING(nccl().group_end());
       });
     }
     wait_stream("all_gather_v");
@@ -200,7 +205,7 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      live(what, [&] { DDP_NCCL_CHECK_NONBLOCKING(ncclCommGetAsyncError(comm_, &state)); });
+      live(what, [&] { DDP_NCCL_CHECK_NONBLOCKING(nccl().comm_get_async_error(comm_, &state)); });
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(what, async_text(state));
       if (Clock::now() > deadline) fail(what, "timed out");
@@ -216,7 +221,7 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
       if (rc == cudaSuccess) return;
       if (rc != cudaErrorNotReady) fail(what, cudaGetErrorString(rc));
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
+      nccl().comm_get_async_error(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress) fail(what, async_text(state));
       if (Clock::now() > deadline) fail(what, "timed out (a peer stopped?)");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -233,7 +238,7 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
   }
   [[noreturn]] void fail(const char* what, const std::string& why) {
     if (comm_ != nullptr && !aborted_) {
-      ncclCommAbort(comm_);  // frees this rank's side; the peers' waits fail in turn
+      nccl().comm_abort(comm_);  // frees this rank's side; the peers' waits fail in turn
       aborted_ = true;
     }
     throw NcclError(std::string("nccl ") + what + " on rank " + std::to_string(rank_) + " of " +

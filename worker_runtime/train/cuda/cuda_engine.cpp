@@ -27,6 +27,7 @@ namespace ddp::train {
 namespace {
 
 namespace gpu = kernels::cuda;
+using kernels::cublas;  // loaded at run time (gpu_libraries.hpp)
 
 class CudaEngine final : public Engine {
  public:
@@ -54,8 +55,8 @@ class CudaEngine final : public Engine {
       world_ = comm->size();
     }
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    DDP_CUBLAS_CHECK(cublasCreate(&blas_));
-    DDP_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+    DDP_CUBLAS_CHECK(cublas().create(&blas_));
+    DDP_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
     const auto& layers = model_.spec().layers;
     const std::size_t n = model_.param_count();
     std::size_t widest = 0;
@@ -93,7 +94,7 @@ class CudaEngine final : public Engine {
     for (float* slot : loss_host_) cudaFreeHost(slot);
     if (out_host_ != nullptr) cudaFreeHost(out_host_);
     for (auto& e : events_) cudaEventDestroy(e);
-    if (blas_ != nullptr) cublasDestroy(blas_);
+    if (blas_ != nullptr) cublas().destroy(blas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -245,14 +246,14 @@ class CudaEngine final : public Engine {
             const std::uint16_t* b16, std::size_t ldb, float beta, float* c, std::size_t ldc) {
     const float alpha = 1.0f;
     if (!bf16_) {
-      DDP_CUBLAS_CHECK(cublasSgemm(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a,
-                                   as_int(lda), b, as_int(ldb), &beta, c, as_int(ldc)));
+      DDP_CUBLAS_CHECK(cublas().sgemm(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a,
+                                      as_int(lda), b, as_int(ldb), &beta, c, as_int(ldc)));
       return;
     }
-    DDP_CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a16,
-                                  CUDA_R_16BF, as_int(lda), b16, CUDA_R_16BF, as_int(ldb), &beta, c,
-                                  CUDA_R_32F, as_int(ldc), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+    DDP_CUBLAS_CHECK(cublas().gemm_ex(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a16,
+                                      CUDA_R_16BF, as_int(lda), b16, CUDA_R_16BF, as_int(ldb),
+                                      &beta, c, CUDA_R_32F, as_int(ldc), CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
   }
 
   // Row-major matrices are column-major transposes: Y[rows][out] = X W^T is, for cuBLAS,

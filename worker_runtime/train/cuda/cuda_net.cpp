@@ -13,6 +13,7 @@ namespace ddp::train {
 namespace {
 
 namespace gpu = kernels::cuda;
+using kernels::cublas;  // loaded at run time (gpu_libraries.hpp)
 
 }  // namespace
 
@@ -89,8 +90,8 @@ CudaNet::CudaNet(const ModelSpec& spec, int device, std::size_t max_rows, bool b
   }
   DDP_CUDA_CHECK(cudaSetDevice(device_));
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  DDP_CUBLAS_CHECK(cublasCreate(&blas_));
-  DDP_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  DDP_CUBLAS_CHECK(cublas().create(&blas_));
+  DDP_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
   const auto& layers = spec_.layers;
   std::size_t widest = 0;
   for (const auto& l : layers) widest = std::max({widest, l.in, l.out});
@@ -118,7 +119,7 @@ CudaNet::~CudaNet() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (float* slot : loss_host_) cudaFreeHost(slot);
   if (out_host_ != nullptr) cudaFreeHost(out_host_);
-  if (blas_ != nullptr) cublasDestroy(blas_);
+  if (blas_ != nullptr) cublas().destroy(blas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -196,13 +197,14 @@ void CudaNet::gemm(cublasOperation_t ta, cublasOperation_t tb, std::size_t m, st
                    std::size_t ldc) {
   const float alpha = 1.0f;
   if (!bf16_) {
-    DDP_CUBLAS_CHECK(cublasSgemm(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a,
-                                 as_int(lda), b, as_int(ldb), &beta, c, as_int(ldc)));
+    DDP_CUBLAS_CHECK(cublas().sgemm(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a,
+                                    as_int(lda), b, as_int(ldb), &beta, c, as_int(ldc)));
     return;
   }
-  DDP_CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a16,
-                                CUDA_R_16BF, as_int(lda), b16, CUDA_R_16BF, as_int(ldb), &beta, c,
-                                CUDA_R_32F, as_int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  DDP_CUBLAS_CHECK(cublas().gemm_ex(blas_, ta, tb, as_int(m), as_int(n), as_int(k), &alpha, a16,
+                                    CUDA_R_16BF, as_int(lda), b16, CUDA_R_16BF, as_int(ldb), &beta,
+                                    c, CUDA_R_32F, as_int(ldc), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
 }
 
 // Row-major matrices are column-major transposes: Y[rows][out] = X W^T is, for cuBLAS,

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "ddp/proto/version.hpp"
 #include "ddp/kernels/device.hpp"
@@ -128,7 +129,21 @@ const char* error_type(const std::exception& e) {
 
 }  // namespace
 
+// `ddp-train --gpu-libraries`: where the CUDA build finds cuBLAS and NCCL, or why not (exit 1).
+// Handled before the flag parser, as --version is, since TOTAL_EPOCHS is required there.
+std::optional<int> gpu_libraries_flag(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--gpu-libraries") continue;
+    bool all_found = true;
+    std::cout << ddp::version_line("ddp-train") << "\n"
+              << ddp::kernels::gpu_libraries_report(all_found) << std::flush;
+    return all_found ? 0 : 1;
+  }
+  return std::nullopt;
+}
+
 int main(int argc, char** argv) {
+  if (auto rc = gpu_libraries_flag(argc, argv)) return *rc;
   prefer_native_blas_kernels(argv);
   using namespace ddp;
   const auto env = environment();
@@ -140,6 +155,10 @@ int main(int argc, char** argv) {
   std::optional<std::string> progress_fd;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.set_version_flag("--version", ddp::version_line("ddp-train"));
+  bool gpu_libraries = false;  // for --help only: gpu_libraries_flag() answers it
+  app.add_flag("--gpu-libraries", gpu_libraries,
+               "print where cuBLAS and NCCL load from (CUDA builds: found at run time, "
+               "docs/install.md) and exit; 1 when one is missing");
   app.add_option("TOTAL_EPOCHS", o.total_epochs, "epochs to train")->required();
   app.add_option("SAVE_EVERY", o.save_every, "write the snapshot every N epochs (0: never)")
       ->required();

@@ -3,6 +3,8 @@
 // the call as written, the library's error, [file:line] and, where one helps, what to do next.
 // Include <cuda_runtime.h>, <cublas_v2.h> or <nccl.h> first: each family of macros exists only
 // where its library's header came before this one. A build without CUDA gets the formatting alone.
+// cuBLAS and NCCL are loaded at run time (gpu_libraries.hpp): call them through cublas() and
+// nccl(), whose tables also give their error strings here.
 #pragma once
 
 #include <string>
@@ -87,7 +89,10 @@ inline StatusText describe_cuda(cudaError_t rc) {
                       ::ddp::kernels::detail::cuda_ok, ::ddp::kernels::detail::describe_cuda)
 #endif  // DDP_WITH_CUDA || __CUDACC__
 
-#if defined(CUBLAS_V2_H_)  // <cublas_v2.h> came first
+// <cublas_v2.h> came first; cuBLAS's own words come from the loaded library.
+#if defined(CUBLAS_V2_H_)
+#include "ddp/kernels/gpu_libraries.hpp"
+
 namespace ddp::kernels::detail {
 
 inline bool cublas_ok(cublasStatus_t rc) { return rc == CUBLAS_STATUS_SUCCESS; }
@@ -107,7 +112,7 @@ inline const char* cublas_hint(cublasStatus_t rc) {
 }
 
 inline StatusText describe_cublas(cublasStatus_t rc) {
-  return {cublasGetStatusString(rc), cublas_hint(rc)};
+  return {::ddp::kernels::cublas().status_string(rc), cublas_hint(rc)};
 }
 
 }  // namespace ddp::kernels::detail
@@ -117,7 +122,10 @@ inline StatusText describe_cublas(cublasStatus_t rc) {
                    ::ddp::kernels::detail::describe_cublas)
 #endif  // CUBLAS_V2_H_
 
-#if defined(NCCL_H_)  // <nccl.h> came first
+// <nccl.h> came first; NCCL's own words come from the loaded library.
+#if defined(NCCL_H_)
+#include "ddp/kernels/gpu_libraries.hpp"
+
 namespace ddp::kernels::detail {
 
 inline bool nccl_ok(ncclResult_t rc) { return rc == ncclSuccess; }
@@ -139,7 +147,9 @@ inline const char* nccl_hint(ncclResult_t rc) {
   }
 }
 
-inline StatusText describe_nccl(ncclResult_t rc) { return {ncclGetErrorString(rc), nccl_hint(rc)}; }
+inline StatusText describe_nccl(ncclResult_t rc) {
+  return {::ddp::kernels::nccl().error_string(rc), nccl_hint(rc)};
+}
 
 }  // namespace ddp::kernels::detail
 
