@@ -94,13 +94,17 @@ std::optional<ProgressLine> parse_progress_line(std::string_view line) {
       auto v = parse_time(value);
       if (!v || out.t) return std::nullopt;
       out.t = v;
+    } else if (key == "recover") {
+      if (value != "in_place") return std::nullopt;
+      out.recover_in_place = true;
     } else if (key == "samples" || key == "total") {
       auto v = parse_step(value);
       if (!v) return std::nullopt;
       (key == "samples" ? out.samples : out.total) = *v;
     }  // other keys: ignored
   }
-  if (!have_step) return std::nullopt;
+  if (!have_step && !out.recover_in_place) return std::nullopt;
+  if (!have_step) out.step = -1;  // a declaration alone
   return out;
 }
 
@@ -134,6 +138,9 @@ void span(RankProgress& r, std::int64_t step, double unix) {
 }  // namespace
 
 void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime now) {
+  if (line.recover_in_place) r.recovers_in_place = true;
+  if (line.step < 0) return;  // a declaration, not a step
+  if (r.first_step_unix < 0) r.first_step_unix = line.t ? *line.t : unix_of(now);
   r.reported = true;
   if (line.samples >= 0) r.samples = line.samples;
   if (line.total >= 0) r.total_steps = line.total;
@@ -244,6 +251,8 @@ void ProgressReader::on_readable(int fd, SteadyTime now) {
   auto take_line = [&](std::string_view text) {
     if (trim(text).empty()) return;  // blank lines are not counted
     if (auto line = parse_progress_line(text)) {
+      if (line->recover_in_place) rank.recovers_in_place = true;  // never one of the "last wins"
+      if (line->step < 0) return;
       if (line->t) {
         if (untimed) apply(rank, *std::exchange(untimed, std::nullopt), now);
         apply(rank, *line, now);

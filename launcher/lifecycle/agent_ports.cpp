@@ -9,6 +9,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -163,7 +164,40 @@ void LocalRound::open(const Round& round) {
   }
 }
 
+// In-place recovery: the replacement starts alone; check_heals() says when it stepped.
+std::string LocalRound::respawn(int local_rank, int heal) {
+  if (!workers_ || !pump_) return "no round is running";
+  SpawnPlan plan{s_.config, group_, s_.agent_env, s_.prefix_template, s_.host, s_.nproc};
+  plan.progress = progress_.get();
+  const auto died = std::chrono::system_clock::now();
+  std::string err = respawn_worker(plan, local_rank, heal, *pump_, *workers_);
+  if (err.empty()) heals_.push_back({local_rank, heal, died});
+  return err;
+}
+
+// A replacement's first step (on its own clock) ends its heal: said once, and to the status.
+void LocalRound::check_heals() {
+  if (!progress_) return;
+  for (auto it = heals_.begin(); it != heals_.end();) {
+    const auto r = progress_->ranks().find(it->local_rank);
+    if (r == progress_->ranks().end() || r->second.first_step_unix < 0) {
+      ++it;
+      continue;
+    }
+    const double died = std::chrono::duration<double>(it->died.time_since_epoch()).count();
+    const double took = std::max(0.0, r->second.first_step_unix - died);
+    char what[160];
+    std::snprintf(what, sizeof what, "rank %d (local_rank %d), heal %d, healed in %.2f s",
+                  group_.base_global_rank + it->local_rank, it->local_rank, it->heal, took);
+    std::fprintf(stderr, "ddprun: %s\n", what);
+    if (s_.status) s_.status->healed(took, what);
+    it = heals_.erase(it);
+  }
+}
+
 SpawnResult LocalRound::start(const GroupInfo& group) {
+  group_ = group;
+  heals_.clear();
   pump_ = std::make_unique<OutputPump>();
   // A SIGUSR1/2 that came while no worker ran (rendezvous, restart) is dropped: delivered now
   // it would reach the new workers before they can handle it, and kill them.
@@ -299,12 +333,22 @@ Observation LocalRound::wait() {
     }
   }
   std::vector<WorkerExit> exits;
+  bool drained = false;  // a failed worker's last lines (its declaration too) are read first
   for (std::size_t i = 0; i < pidfds.size(); ++i) {
     if (fds[kFixed + i].revents == 0) continue;
     WorkerExit e = workers_->reap_pidfd(pidfds[i]);
+    if (e.failed() && progress_) {
+      if (!drained) {
+        for (int fd : progress_->fds()) progress_->on_readable(fd, now);
+        drained = true;
+      }
+      const auto it = progress_->ranks().find(e.local_rank);
+      e.recovers_in_place = it != progress_->ranks().end() && it->second.recovers_in_place;
+    }
     if (e.failed()) o.failed.push_back(e);
     if (s_.status) exits.push_back(e);
   }
+  check_heals();
   if (!o.failed.empty()) {
     if (s_.status) tell_status(exits, o);
     return o;
@@ -321,6 +365,7 @@ Observation LocalRound::wait() {
     }
   }
   if (s_.status) tell_status(exits, o);
+  check_heals();
   o.all_done = workers_->running() == 0;
   if (watcher_ && fds[1].revents != 0) {
     if (auto ev = watcher_->event()) {

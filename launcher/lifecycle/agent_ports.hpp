@@ -69,6 +69,7 @@ class StoreRendezvous final : public RendezvousPort {
   void stopping() override {
     if (s_.on_stopping) s_.on_stopping();
   }
+  int count_heals(const Round&, int add) override { return s_.rendezvous.count_heals(add); }
 
  private:
   Setup s_;
@@ -128,6 +129,8 @@ class LocalRound final : public WorkerLauncher, public EventSource {
     pump_.reset();
   }
 
+  std::string respawn(int local_rank, int heal) override;
+
   void open(const Round& round) override;
   int take_signal() override { return read_signal(s_.sigfd); }
   Observation wait() override;
@@ -141,6 +144,14 @@ class LocalRound final : public WorkerLauncher, public EventSource {
   std::unique_ptr<ProgressReader> progress_;
   std::unique_ptr<HangMonitor> monitor_;
   Round round_;
+  GroupInfo group_;  // the round's, for a replacement's environment
+  struct Heal {
+    int local_rank;
+    int heal;
+    std::chrono::system_clock::time_point died;  // when the agent saw the death
+  };
+  std::vector<Heal> heals_;  // replacements yet to take their first step
+  void check_heals();
   SteadyTime next_status_{};  // when the live status next takes the progress
   void start_monitor(const GroupInfo& group);
   void tell_status(const std::vector<WorkerExit>& exits, const Observation& o);

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -103,6 +104,40 @@ void report(const Decision& d, const RoundFacts& f, const LifecycleConfig& c,
   }
 }
 
+// One local worker died and it recovers in place: its replacement starts alone (the others,
+// on every node, heal it from a peer), the round goes on. The heal is counted in the store
+// against --max-restarts; one over the budget, or a replacement that cannot start, leaves the
+// failure to post_failure as before.
+void heal_worker(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher& workers,
+                 const Round& round, RoundFacts& f, int& heals) {
+  Failure& fl = f.failures.front();
+  const WorkerExit& e = fl.exit;
+  try {
+    heals = f.heals = rdzv.count_heals(round, 1);
+  } catch (const Error&) {
+    fl.exit.recovers_in_place = false;  // no count, no heal: the store decides as before
+    return;
+  }
+  if (f.restart_count + f.heals > f.max_restarts) {
+    fl.exit.recovers_in_place = false;  // another node's heal took the last one
+    return;
+  }
+  const std::string err = workers.respawn(e.local_rank, f.heals);
+  if (!err.empty()) {
+    f.spawn_error = err;
+    f.spawn_rank = e.local_rank;
+    fl.exit.recovers_in_place = false;
+    return;
+  }
+  std::fprintf(stderr,
+               "ddprun: rank %d (local_rank %d) on %s failed: %s; replaced in place, the others "
+               "go on (heal %d; restarts and heals %d of %d)\n",
+               fl.global_rank, e.local_rank, fl.host.c_str(), e.in_words().c_str(), f.heals,
+               f.restart_count + f.heals, c.max_restarts);
+  if (c.status) c.status->failure(cause_of(e));
+  f.failures.clear();
+}
+
 // The job is over for this node: the live status says so, then ddprun exits with `code`.
 int finish(const LifecycleConfig& c, const std::string& state, int code) {
   if (c.status) c.status->finish(state, code);
@@ -138,6 +173,7 @@ std::string cause_of(const RoundEvent& ev) {
 int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher& workers,
                   EventSource& events) {
   NodeDesc self = c.self;
+  int heals = 0;  // the job's, as last counted (heals share --max-restarts)
   int hint = -1;
   int expect = 0;
   StatusReporter* st = c.status;
@@ -157,6 +193,7 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     }
     const Round& round = formed.round;
     f.restart_count = round.restart_count;
+    f.heals = heals;
     f.members = round.group_world_size;
     GroupInfo g = group_of(formed, c);
     g.attempt_dir = workers.make_attempt(round.restart_count);  // rank dirs: when spawned
@@ -178,7 +215,12 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     if (st && spawned.error.empty() && !spawned.stop_signal) st->phase("run");
     std::string store_error;
     Decision d = decide(f);
-    while (d.kind == Kind::keep_waiting) {
+    while (d.kind == Kind::keep_waiting || d.kind == Kind::heal) {
+      if (d.kind == Kind::heal) {
+        heal_worker(c, rdzv, workers, round, f, heals);
+        d = decide(f);
+        continue;
+      }
       const Observation o = events.wait();
       observe(f, o, g, self.host);
       if (o.store_lost) store_error = o.store_error;
@@ -212,6 +254,16 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
       if (!f.spawn_error.empty()) {
         std::fprintf(stderr, "ddprun: %s; %s\n", f.spawn_error.c_str(),
                      f.restarts_left() ? "restarting" : "stopping the job");
+      }
+      // Workers that recover in place: other nodes may have healed meanwhile (the budget's).
+      const bool in_place = std::any_of(f.failures.begin(), f.failures.end(),
+                                        [](const auto& x) { return x.exit.recovers_in_place; });
+      if (in_place) {
+        try {
+          heals = f.heals = rdzv.count_heals(round, 0);
+        } catch (const Error&) {
+          // The store is away: posting the failure below waits for it or gives up.
+        }
       }
       const RoundEvent ours = failure_event(f, self.host, round.group_rank, g.base_global_rank);
       try {

@@ -60,6 +60,7 @@ Decision decide(const RoundFacts& f) {
   }
   if (f.stop_signal != 0) return make(Kind::exit_on_signal, 128 + f.stop_signal);
   if (f.posted) return after_posting(f);
+  if (f.healable()) return make(Kind::heal);
   if (f.local_failure()) return make(Kind::post_failure);
   if (f.solo && f.local_done) return make(Kind::succeed, 0, Report::none, true);
   if (f.event) {

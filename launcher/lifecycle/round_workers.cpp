@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "ddp/launch/descendants.hpp"
 #include "ddp/launch/numa_binding.hpp"
@@ -67,6 +68,46 @@ SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& 
     if (plan.progress) plan.progress->after_start();
   }
   return result;
+}
+
+std::string respawn_worker(const SpawnPlan& plan, int r, int heal, OutputPump& pump,
+                           WorkerGroup& workers) {
+  WorkerSpec spec{worker_argv(plan.config, r, plan.agent_env),
+                  worker_env(plan.config, plan.group, r, plan.agent_env)};
+  spec.env["DDPRUN_HEAL"] = std::to_string(heal);
+  if (!plan.config.numa_binding.empty()) {
+    const auto numa = numa_bindings_for_round(plan.config.numa_binding, plan.nproc, plan.agent_env);
+    spec.cpus = numa[static_cast<std::size_t>(r)].cpus;
+    spec.mem_node = numa[static_cast<std::size_t>(r)].mem_node;
+  }
+  const auto& f = plan.config.local_ranks_filter;
+  const bool shown = f.empty() || std::find(f.begin(), f.end(), r) != f.end();
+  PrefixVars pv{plan.config.role, r, plan.group.base_global_rank + r, plan.group.group_rank,
+                plan.host};
+  try {
+    std::string rank_dir;
+    if (!plan.group.attempt_dir.empty()) {  // the dead worker's files stay where they are
+      rank_dir =
+          RunLogDir::make_rank_dir(plan.group.attempt_dir, r) + "/heal_" + std::to_string(heal);
+      std::filesystem::create_directories(rank_dir);
+    }
+    pump.attach(spec, r, expand_prefix(plan.prefix_template, pv), plan.config.redirects.for_rank(r),
+                plan.config.tee.for_rank(r), shown, rank_dir);
+    if (plan.progress) {
+      spec.keep_fd = plan.progress->open_rank(r, std::chrono::steady_clock::now());
+      spec.env["DDPRUN_PROGRESS_FD"] = std::to_string(spec.keep_fd);
+    }
+    workers.respawn(r, spec);
+  } catch (const Error& e) {
+    pump.after_start();
+    return e.what();
+  } catch (const std::exception& e) {
+    pump.after_start();
+    return std::string("cannot make the replacement's folder: ") + e.what();
+  }
+  pump.after_start();
+  if (plan.progress) plan.progress->after_start();
+  return "";
 }
 
 void stop_round(WorkerGroup& workers, std::chrono::milliseconds grace, int sig, pid_t watcher) {

@@ -49,6 +49,10 @@ std::string Rendezvous::key(int round, const std::string& name) const {
 }
 
 std::string Rendezvous::event_key(const Round& round) const { return key(round.number, "event"); }
+int Rendezvous::count_heals(int add) {
+  return static_cast<int>(store_.add(prefix_ + "/heals", add));
+}
+
 std::string Rendezvous::event_key(int round) const { return key(round, "event"); }
 
 std::string join_hint(bool static_backend) {

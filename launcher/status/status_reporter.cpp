@@ -340,6 +340,13 @@ void StatusReporter::sample_and_publish() {
   draw_progress(copy, now);
 }
 
+void StatusReporter::healed(double seconds, const std::string& what) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++node_.heals;
+  node_.heal_s += seconds;
+  node_.last_heal = what;
+}
+
 void StatusReporter::store_outage(int count, double total_s, double away_s) {
   std::lock_guard<std::mutex> g(mu_);
   node_.store_outages = count;

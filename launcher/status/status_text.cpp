@@ -170,6 +170,18 @@ std::string format_exit_summary(const status::JobStatus& job, double wall_s, int
     outages = std::max(outages, n.store_outages);
     outage_s = std::max(outage_s, n.store_outage_s);
   }
+  int heals = 0;
+  double heal_s = 0;
+  std::string last_heal;
+  for (const auto& n : job.nodes) {
+    heals += n.heals;
+    heal_s += n.heal_s;
+    if (!n.last_heal.empty()) last_heal = n.last_heal;
+  }
+  if (heals > 0) {
+    head.push_back({"healed", std::to_string(heals) + " in place, " + fmt("%.1f s", heal_s) +
+                                  " in all (last: " + last_heal + ")"});
+  }
   if (outages > 0) {
     head.push_back(
         {"store outages", std::to_string(outages) + ", " + fmt("%.1f s", outage_s) + " in all"});

@@ -163,7 +163,23 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
 }
 
 void WorkerGroup::spawn(const WorkerSpec& spec) {
-  const std::size_t rank = workers_.size();
+  try {
+    workers_.push_back(launch(workers_.size(), spec));
+  } catch (...) {
+    stop(std::chrono::milliseconds(0), SIGKILL);  // the others too: the round cannot start
+    throw;
+  }
+}
+
+void WorkerGroup::respawn(int local_rank, const WorkerSpec& spec) {
+  Worker& old = workers_.at(static_cast<std::size_t>(local_rank));
+  if (!old.done) throw std::logic_error("respawn: local rank still runs");
+  Worker fresh = launch(static_cast<std::size_t>(local_rank), spec);
+  if (old.pidfd >= 0) ::close(old.pidfd);
+  old = std::move(fresh);
+}
+
+WorkerGroup::Worker WorkerGroup::launch(std::size_t rank, const WorkerSpec& spec) {
   if (spec.argv.empty()) throw ConfigError("worker " + std::to_string(rank) + ": empty command");
   // Everything exec needs is built before fork.
   std::vector<std::string> env_strings;
@@ -196,7 +212,6 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     int e = errno;
     ::close(pipefd[0]);
     ::close(pipefd[1]);
-    stop(std::chrono::milliseconds(0), SIGKILL);
     throw IoError("fork failed: " + std::string(std::strerror(e)));
   }
   if (pid == 0) exec_child(argv, envp, setup);
@@ -205,9 +220,13 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   int exec_errno = 0;
   ssize_t n = ::read(pipefd[0], &exec_errno, sizeof(exec_errno));  // EOF once exec succeeds
   ::close(pipefd[0]);
-  workers_.push_back({static_cast<int>(rank), pid, pidfd_open(pid), false, std::move(oom)});
+  Worker w{static_cast<int>(rank), pid, pidfd_open(pid), false, std::move(oom)};
   if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
-    stop(std::chrono::milliseconds(0), SIGKILL);
+    ::kill(pid, SIGKILL);  // the child failed before exec: nothing of ours runs in it
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (w.pidfd >= 0) ::close(w.pidfd);
     if (exec_errno < 0) {
       throw ConfigError("--numa-binding: cannot bind local rank " + std::to_string(rank) +
                         " to CPUs " + cpu_list_text(spec.cpus) + ": " + std::strerror(-exec_errno));
@@ -215,6 +234,7 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     throw ConfigError("cannot execute '" + spec.argv[0] + "' for local rank " +
                       std::to_string(rank) + ": " + std::strerror(exec_errno));
   }
+  return w;
 }
 
 WorkerExit WorkerGroup::reap(Worker& w) {

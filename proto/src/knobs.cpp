@@ -72,6 +72,9 @@ constexpr Knob kKnobs[] = {
      "(docs/security.md)"},
     {"DDPRUN_STORE_SECRET_FILE", Kind::text, "", "ddprund, ddprun, ddpstore, ddp-train",
      "a file holding the store secret, owned by the user and mode 600 (or stricter)"},
+    {"DDPRUN_HEAL", Kind::integer, "0", "ddp-train",
+     "set by ddprun for a worker that replaces one that died (in-place recovery): the heal's "
+     "ordinal"},
     {"DDPRUN_PROGRESS_FD", Kind::integer, "", "ddp-train",
      "set by ddprun: the fd on which a worker writes one progress line per step"},
 };

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <ctime>
 #include <optional>
 
@@ -199,6 +200,15 @@ void ProgressWriter::report(std::int64_t step, std::string_view phase,
   } else {
     fd_ = -1;  // EPIPE (the agent is gone), EBADF, or a short write: stop writing
   }
+}
+
+void ProgressWriter::declare(std::string_view key_value) noexcept {
+  if (fd_ < 0 || key_value.size() + 1 > kProgressLineMax) return;
+  char line[kProgressLineMax];
+  std::memcpy(line, key_value.data(), key_value.size());
+  line[key_value.size()] = '\n';
+  const auto n = key_value.size() + 1;
+  if (::write(fd_, line, n) == static_cast<ssize_t>(n)) ++written_;
 }
 
 }  // namespace ddp::worker

@@ -57,7 +57,10 @@ class ShmCommunicator final : public Communicator {
       spin_limit_ = 16;
     }
   }
-  ~ShmCommunicator() override { ::munmap(mem_, bytes_); }
+  ~ShmCommunicator() override {
+    leave();  // seen only by a peer still waiting for this rank: one that already arrived
+    ::munmap(mem_, bytes_);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -204,21 +207,34 @@ class ShmCommunicator final : public Communicator {
         if (now < next_check) continue;
         next_check = now + std::chrono::milliseconds(20);
         const std::int32_t pid = std::atomic_ref<std::int32_t>(pid_at(k)).load();
+        if (pid == kLeft) {  // alive, but out of this collective after a failure of its own
+          leave();
+          throw IoError(std::string("shm ") + what + " on rank " + std::to_string(rank_) +
+                        ": rank " + std::to_string(k) + " left after a failure");
+        }
         if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-          broken_ = true;
+          leave();
           throw IoError(std::string("shm ") + what + " of " + std::to_string(count) +
                         " floats on rank " + std::to_string(rank_) + " of " +
                         std::to_string(size_) + ": rank " + std::to_string(k) + " (pid " +
                         std::to_string(pid) + ") is gone");
         }
         if (now - start > timeout_) {
-          broken_ = true;
+          leave();
           throw IoError(std::string("shm ") + what + " on rank " + std::to_string(rank_) +
                         ": rank " + std::to_string(k) + " did not arrive within " +
                         std::to_string(timeout_.count()) + " ms");
         }
       }
     }
+  }
+
+  // This rank will not arrive again: waiters on it stop at once (a survivor of a peer's death
+  // that rebuilds its communicators leaves this one; the others must not wait out the timeout).
+  static constexpr std::int32_t kLeft = -1;
+  void leave() {
+    broken_ = true;
+    std::atomic_ref<std::int32_t>(pid_at(rank_)).store(kLeft);
   }
 
   std::unique_ptr<Communicator> base_;

@@ -251,6 +251,9 @@ void render_nodes(std::string& out, const std::vector<JobView>& jobs) {
            [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->round); });
   per_node("ddprun_node_restarts_total", "counter", "Restarts of this node's workers.",
            [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->restart_count); });
+  per_node("ddprun_node_heals_total", "counter",
+           "Workers of the node replaced in place (in-place recovery).",
+           [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->heals); });
   per_node("ddprun_node_store_outages_total", "counter",
            "Times the node's agent lost the rendezvous store and rode it out.",
            [](Family& f, const NodeView& n) { f.sample(n.labels, n.n->store_outages); });

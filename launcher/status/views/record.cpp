@@ -74,7 +74,10 @@ json node_json(const NodeStatus& n) {
             {"phases", std::move(phases)},
             {"store_outages", n.store_outages},
             {"store_outage_s", n.store_outage_s},
-            {"store_away_s", n.store_away_s}};
+            {"store_away_s", n.store_away_s},
+            {"heals", n.heals},
+            {"heal_s", n.heal_s},
+            {"last_heal", n.last_heal}};
   return j;
 }
 
@@ -167,6 +170,13 @@ NodeStatus node_from(const json& j, const std::string& p) {
     n.store_outages = num<int>(j, "store_outages", p);
     n.store_outage_s = num<double>(j, "store_outage_s", p);
     n.store_away_s = num<double>(j, "store_away_s", p);
+  }
+  if (j.contains("heals")) {  // absent in records of agents before in-place recovery
+    n.heals = num<int>(j, "heals", p);
+    n.heal_s = num<double>(j, "heal_s", p);
+    if (auto it = j.find("last_heal"); it != j.end() && it->is_string()) {
+      n.last_heal = it->get<std::string>();
+    }
   }
   const json& ranks = arr(j, "ranks", p);
   for (std::size_t i = 0; i < ranks.size(); ++i) {

@@ -79,6 +79,40 @@ std::optional<Position> load_replicated(Engine& e, const TrainOptions& o, const 
   return Position{head[1], head[2], head[3]};
 }
 
+}  // namespace
+
+PeerState sync_from_peer(Engine& e, worker::Communicator& comm, std::optional<Position> mine) {
+  const std::int64_t held = mine ? mine->global_step : -1;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(&held, all.data(), sizeof held);
+  std::size_t root = 0;
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r] > all[root]) root = r;
+  }
+  if (all[root] < 0) throw ProtocolError("in-place recovery: no rank holds the training state");
+  Model& model = e.model();
+  Optimizer& opt = e.optimizer();
+  std::int64_t head[4] = {0, 0, 0, 0};  // epoch, step, global_step, adam_t
+  if (static_cast<std::size_t>(comm.rank()) == root) {
+    e.download();
+    head[0] = mine->epoch;
+    head[1] = mine->step;
+    head[2] = mine->global_step;
+    head[3] = opt.steps();
+  }
+  const int from = static_cast<int>(root);
+  comm.broadcast(head, sizeof head, from);
+  comm.broadcast(model.params().data(), model.param_count() * sizeof(float), from);
+  if (!opt.state().empty()) {
+    comm.broadcast(opt.state().data(), opt.state().size() * sizeof(float), from);
+  }
+  e.upload();
+  opt.set_steps(head[3]);
+  return {Position{head[0], head[1], head[2]}, from};
+}
+
+namespace {
+
 // A sharded engine: every rank reads its own slices (rank 0 says first whether there is a
 // snapshot, so that every rank takes the same branch), or initialises its shard.
 std::optional<Position> load_sharded(Engine& e, const TrainOptions& o, const TrainContext& c) {

@@ -35,6 +35,17 @@ struct Position {
 // ConfigError naming the file when the snapshot holds another model or optimizer, or is bad.
 std::optional<Position> load_or_init(Engine& engine, const TrainOptions& o, const TrainContext& c);
 
+// In-place recovery, over the communicator rebuilt after a peer died (collective): every rank
+// says the global step it holds (`mine`; nullopt: a replacement, holding nothing), and the
+// lowest rank among those holding the newest sends its parameters, optimizer state and
+// position to every rank, so all continue from one survivor's state (no disk read). Returns
+// that position and the rank that sent it. Replicated engines only.
+struct PeerState {
+  Position at;
+  int from = -1;
+};
+PeerState sync_from_peer(Engine& engine, worker::Communicator& comm, std::optional<Position> mine);
+
 // Writes the snapshot at `at` (the engine's current parameters and state). Replicated engines:
 // rank 0 only (others return at once). Sharded engines: collective.
 void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,

@@ -23,26 +23,26 @@ class CpuEngine final : public Engine {
   CpuEngine(ModelSpec spec, const OptimizerConfig& opt, worker::Communicator* comm,
             double bucket_cap_mb)
       : Engine(std::move(spec), opt),
-        reducer_(comm, model_.grads().data(),
-                 plan_buckets(model_, std::size_t{1} << 20,
-                              static_cast<std::size_t>(bucket_cap_mb * 1024 * 1024))) {}
+        buckets_(plan_buckets(model_, std::size_t{1} << 20,
+                              static_cast<std::size_t>(bucket_cap_mb * 1024 * 1024))),
+        reducer_(std::make_unique<GradReducer>(comm, model_.grads().data(), buckets_)) {}
 
   std::string device() const override { return "cpu"; }
-  std::size_t bucket_count() const override { return reducer_.buckets().size(); }
+  std::size_t bucket_count() const override { return reducer_->buckets().size(); }
 
   void micro_batch(const float* x, const std::uint8_t* labels, const float* targets,
                    std::size_t rows, float scale, bool sync) override {
     model_.forward(x, rows, true);
     loss_ += model_.loss(labels, targets, rows, scale) / static_cast<double>(rows);
     if (sync) {
-      model_.backward(x, rows, [&](std::size_t layer) { reducer_.layer_done(layer); });
+      model_.backward(x, rows, [&](std::size_t layer) { reducer_->layer_done(layer); });
     } else {
       model_.backward(x, rows, nullptr);
     }
   }
 
   double step() override {
-    reducer_.finish();
+    reducer_->finish();
     opt_.step(model_.params().data(), model_.grads().data());
     model_.zero_grads();
     const double loss = loss_;
@@ -54,8 +54,20 @@ class CpuEngine final : public Engine {
     return model_.forward(x, rows);
   }
 
+  // The reducer's thread goes first (it may still hold the old communicator), then the step's
+  // gradients (partly reduced or not) and loss; the parameters were never touched (step()
+  // throws before the optimizer runs).
+  bool heal(const std::function<worker::Communicator*()>& reconnect) override {
+    reducer_.reset();
+    model_.zero_grads();
+    loss_ = 0.0;
+    reducer_ = std::make_unique<GradReducer>(reconnect(), model_.grads().data(), buckets_);
+    return true;
+  }
+
  private:
-  GradReducer reducer_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<GradReducer> reducer_;
   double loss_ = 0.0;
 };
 

@@ -5,6 +5,7 @@
 // checksums use: download() refreshes it from the device, upload() sends it there.
 #pragma once
 
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -65,6 +66,15 @@ class Engine {
   // The most bytes of parameters, gradients and optimizer state this rank held at once
   // (gathered layers and unsharded gradients included).
   virtual std::size_t state_bytes_peak() const;
+
+  // In-place recovery (docs/ddp_train.md): after step() threw because a peer died, drops the
+  // step (gradients zeroed, its loss forgotten), lets go of the communicator (its collective
+  // threads stopped first), calls `reconnect` for the new one and uses it. False, doing
+  // nothing: this engine cannot recover in place (the job restarts as torchrun's would).
+  virtual bool heal(const std::function<worker::Communicator*()>& reconnect) {
+    (void)reconnect;
+    return false;
+  }
 
  protected:
   Engine(ModelSpec spec, const OptimizerConfig& opt, bool own_buffers = true,

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
+#include "ddp/rdzv/client.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
@@ -129,6 +131,17 @@ const char* error_type(const std::exception& e) {
 
 }  // namespace
 
+// Why this run cannot recover in place ("" when it can): the replicated CPU engine only, with
+// a store that outlives any rank (the agent's).
+std::string in_place_blocker(const ddp::train::TrainOptions& o, const ddp::worker::WorkerEnv& w) {
+  using namespace ddp::train;
+  if (!w.use_agent_store) return "the job's store is rank 0's (TORCHELASTIC_USE_AGENT_STORE)";
+  if (o.device != Device::cpu) return "--device cuda recovers by a restart for now";
+  if (o.sharding != Sharding::none) return "--sharding recovers by a restart for now";
+  if (o.model == ModelKind::llama) return "--model llama recovers by a restart for now";
+  return "";
+}
+
 // `ddp-train --gpu-libraries`: where the CUDA build finds cuBLAS and NCCL, or why not (exit 1).
 // Handled before the flag parser, as --version is, since TOTAL_EPOCHS is required there.
 std::optional<int> gpu_libraries_flag(int argc, char** argv) {
@@ -155,6 +168,13 @@ int main(int argc, char** argv) {
   std::optional<std::string> progress_fd;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.set_version_flag("--version", ddp::version_line("ddp-train"));
+  std::string recovery = "restart";
+  app.add_option("--recovery", recovery,
+                 "restart | in-place: under ddprun, a rank that dies is replaced while the others "
+                 "keep their state and heal it from a peer (replicated CPU engine; "
+                 "docs/ddp_train.md)")
+      ->check(CLI::IsMember({"restart", "in-place"}))
+      ->capture_default_str();
   bool gpu_libraries = false;  // for --help only: gpu_libraries_flag() answers it
   app.add_flag("--gpu-libraries", gpu_libraries,
                "print where cuBLAS and NCCL load from (CUDA builds: found at run time, "
@@ -273,6 +293,8 @@ int main(int argc, char** argv) {
   std::string why;
   worker::ProgressWriter progress = worker::ProgressWriter::from_env(progress_fd, &why);
   if (!why.empty()) std::cerr << "ddp-train: warning: " << why << "; no progress to the agent\n";
+  o.in_place_recovery = recovery == "in-place";
+  const int heal = static_cast<int>(knobs::integer("DDPRUN_HEAL", 0, 1 << 20, &env));
 
   worker::WorkerEnv wenv;
   std::string rank_tag = "ddp-train";
@@ -300,33 +322,61 @@ int main(int argc, char** argv) {
       ctx.cuda_device = worker::pick_cuda_device(wenv.local_rank, kernels::cuda_device_count(),
                                                  cvd == env.end() ? std::string() : cvd->second);
     }
+    // In-place recovery (docs/ddp_train.md): generation g's host communicators live under
+    // <prefix>/ddp_train/g<g> (g 0: <prefix>/ddp_train); every rank marks its joining of g, so
+    // that a replacement (DDPRUN_HEAL) joins the one after the last its rank joined, as the
+    // survivors do after a failed collective.
+    worker::CommOptions co;
+    std::string base;
+    int gen = 0;
+    std::function<worker::Communicator*(int)> connect;
     if (launched && wenv.world_size > 1) {
-      {
-        store = std::make_unique<worker::WorkerStore>(wenv);
-        worker::CommOptions co;
-        co.rank = wenv.rank;
-        co.size = wenv.world_size;
-        co.store = store->client();
-        co.route_towards = wenv.master_addr;
-        if (auto iface = knobs::text("GLOO_SOCKET_IFNAME", &env)) co.iface = *iface;
-        co.key_prefix = wenv.store_prefix() + "/ddp_train/gloo";
+      store = std::make_unique<worker::WorkerStore>(wenv);
+      co.rank = wenv.rank;
+      co.size = wenv.world_size;
+      co.store = store->client();
+      co.route_towards = wenv.master_addr;
+      if (auto iface = knobs::text("GLOO_SOCKET_IFNAME", &env)) co.iface = *iface;
+      base = wenv.store_prefix() + "/ddp_train";
+      const std::string no_heal = in_place_blocker(o, wenv);
+      const bool in_place = o.in_place_recovery && no_heal.empty();
+      if (o.in_place_recovery && !in_place && wenv.rank == 0) {
+        std::cerr << "ddp-train: --recovery in-place is off: " << no_heal
+                  << "; a failure restarts the job\n";
+      }
+      const auto member = [&](int g) {
+        return base + "/member/" + std::to_string(g) + "/" + std::to_string(wenv.rank);
+      };
+      connect = [&, in_place, member](int g) {
+        comm.reset();  // first: its sockets close, and peers still blocked on them fail too
+        if (in_place) co.store->set(member(g), "1");
+        co.key_prefix = (g == 0 ? base : base + "/g" + std::to_string(g)) + "/gloo";
         comm = worker::make_gloo_communicator(co);
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
         if (wenv.local_world_size == wenv.world_size && shm_allreduce) {
           comm = worker::make_local_communicator(std::move(comm), co);
         }
-        if (o.backend == train::Backend::nccl) {
-          co.key_prefix = wenv.store_prefix() + "/ddp_train/nccl";
-          device_comm = worker::make_nccl_communicator(co, ctx.cuda_device);
-          ctx.device_comm = device_comm.get();
-        }
         ctx.comm = comm.get();
-        if (o.model == train::ModelKind::llama) {
-          co.key_prefix = wenv.store_prefix() + "/ddp_train/mesh";
-          mesh = std::make_unique<train::MeshComms>(
-              train::make_mesh_comms(comm.get(), co, train::parse_mesh(o.mesh, wenv.world_size),
-                                     train::MeshBackend::gloo, shm_allreduce, ctx.cuda_device));
+        return comm.get();
+      };
+      if (in_place) {
+        ctx.heal = heal;
+        if (heal > 0) {  // the generation after the last one this rank joined
+          while (co.store->check({member(gen)})) ++gen;
         }
+        ctx.reconnect = [&] { return connect(++gen); };  // declared when training starts
+      }
+      connect(gen);
+      if (o.backend == train::Backend::nccl) {
+        co.key_prefix = base + "/nccl";
+        device_comm = worker::make_nccl_communicator(co, ctx.cuda_device);
+        ctx.device_comm = device_comm.get();
+      }
+      if (o.model == train::ModelKind::llama) {
+        co.key_prefix = base + "/mesh";
+        mesh = std::make_unique<train::MeshComms>(
+            train::make_mesh_comms(comm.get(), co, train::parse_mesh(o.mesh, wenv.world_size),
+                                   train::MeshBackend::gloo, shm_allreduce, ctx.cuda_device));
       }
     }
     if (o.model == train::ModelKind::llama && mesh == nullptr) {

@@ -94,6 +94,7 @@ struct TrainOptions {
   Backend backend = Backend::gloo;
   Precision precision = Precision::fp32;  // bf16: cuda only
   Sharding sharding = Sharding::none;     // --sharding
+  bool in_place_recovery = false;         // --recovery in-place (docs/ddp_train.md)
   bool prefetch = true;                   // --no-prefetch turns full sharding's prefetch off
   // --model llama (issue 20): the transformer's sizes, the mesh, the text.
   LmConfig lm;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -93,8 +94,10 @@ class Run {
   // Snapshots and stopping.
   void save(const Position& at, const char* why);
   void stop_on_signal(int signal, bool snapshot = true);
+  bool heal_from(const Error& e);
+  void join_as_replacement();
   void agree_at_boundary(int& stop, bool& save_now);
-  bool being_stopped() const;
+  bool being_stopped(std::chrono::milliseconds wait = std::chrono::seconds(1)) const;
   // Reporting.
   void phase(const char* word, std::int64_t step, std::int64_t samples = -1) {
     if (c_.progress != nullptr) c_.progress->report(step, word, samples);
@@ -103,7 +106,7 @@ class Run {
   void report(double secs, std::uint64_t checksum);
 
   const TrainOptions& o_;
-  const TrainContext& c_;
+  TrainContext c_;  // a copy: in-place recovery replaces its communicator
   Dataset train_;
   Dataset test_;
   std::unique_ptr<Engine> engine_;
@@ -121,6 +124,7 @@ class Run {
   std::vector<double> epoch_losses_;
   std::vector<double> step_losses_;  // rank 0's loss of each step of this run (the first 100k)
   bool stopping_ = false;            // a signal, --max-steps, or a peer that stopped ahead of us
+  bool healed_ = false;              // step() dropped its step and healed: pos_ is the sender's
   int exit_code_ = 0;                // 128 + signal when a signal stopped the run
   std::vector<float> xb_;            // one micro-batch: inputs, labels, regression targets
   std::vector<std::uint8_t> lb_;
@@ -185,9 +189,9 @@ void Run::save(const Position& at, const char* why) {
 // After a peer vanished mid-step: whether this rank is being stopped too. scancel signals the
 // nodes one after another, so a peer may stop at a step boundary before our own signal has
 // arrived; it is given a second to arrive before the peer's exit counts as a failure.
-bool Run::being_stopped() const {
+bool Run::being_stopped(std::chrono::milliseconds wait) const {
   if (c_.stop_signal == nullptr) return false;
-  const auto until = Clock::now() + std::chrono::seconds(1);
+  const auto until = Clock::now() + wait;
   while (c_.stop_signal->load() == 0) {
     if (Clock::now() >= until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -221,13 +225,20 @@ void Run::announce() {
 
 int Run::go() {
   load_data();
-  resume_or_init();
+  if (c_.heal > 0 && c_.reconnect) {
+    join_as_replacement();
+  } else {
+    resume_or_init();
+  }
   announce();
   pos_ = start_;
   t0_ = Clock::now();
-  for (std::int64_t epoch = pos_.epoch; epoch < o_.total_epochs && !stopping_; ++epoch) {
-    run_epoch(epoch);
-  }
+  // From here on a death of this rank is healed in place (before: a start-up failure, which a
+  // replacement would only repeat, restarts the job).
+  if (c_.reconnect && c_.progress != nullptr) c_.progress->declare("recover=in_place");
+  // Each epoch ends at finish_epoch() (pos_ moves to the next) or by stopping_; a heal may move
+  // pos_ to where the survivor that sent the state was.
+  while (pos_.epoch < o_.total_epochs && !stopping_) run_epoch(pos_.epoch);
   const double secs = std::chrono::duration<double>(Clock::now() - t0_).count();
   if (exit_code_ != 0) return exit_code_;
   save(pos_, "end of run");
@@ -262,12 +273,17 @@ void Run::run_epoch(std::int64_t epoch) {
       static_cast<float>(static_cast<double>(o_.optimizer.lr) *
                          std::pow(static_cast<double>(o_.lr_gamma), static_cast<double>(epoch))));
   EpochLoss loss;
-  std::int64_t mb = epoch == start_.epoch ? pos_.step : 0;
-  pos_ = {epoch, mb, pos_.global_step};
+  std::int64_t mb = pos_.step;  // 0, or mid-epoch after a resume or a heal
   while (mb < nb) {
     if (!at_step_boundary()) break;
     const std::int64_t group_end = std::min<std::int64_t>(nb, mb + K);
     const auto step_loss = step(idx, mb, group_end);
+    if (!step_loss && healed_) {  // the step was dropped: go on from the state received
+      healed_ = false;
+      if (pos_.epoch != epoch) return;  // the sender had begun the next epoch
+      mb = pos_.step;
+      continue;
+    }
     if (!step_loss) break;  // stopped: a peer stopped one step boundary ahead of us
     const auto group = static_cast<double>(group_end - mb);
     mb = group_end;
@@ -304,8 +320,8 @@ bool Run::at_step_boundary() {
     return false;
   }
   if (save_now) save(pos_, "SIGUSR1");
-  if (c_.restart_count == 0 && o_.fault.kind == FaultKind::kill && o_.fault.rank == c_.rank &&
-      o_.fault.step == pos_.global_step) {
+  if (c_.restart_count == 0 && c_.heal == 0 && o_.fault.kind == FaultKind::kill &&
+      o_.fault.rank == c_.rank && o_.fault.step == pos_.global_step) {
     out() << "ddp-train: DDP_TRAIN_FAULT: rank " << c_.rank << " kills itself at step "
           << pos_.global_step << "\n"
           << std::flush;
@@ -331,7 +347,7 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
     for (; mb < group_end; ++mb) {
       const bool last = mb + 1 == group_end;  // its backward starts the all-reduce
       if (last && faulty && o_.fault.kind == FaultKind::hang && o_.fault.step == n &&
-          c_.restart_count == 0) {
+          c_.restart_count == 0 && c_.heal == 0) {
         injected_hang_before_allreduce(out(), c_.rank, n, c_.stop_signal);
       }
       const std::size_t rows = fill_batch(idx, static_cast<std::size_t>(mb) * B);
@@ -357,7 +373,8 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
     // A peer failed mid-step: the parameters are still those of pos_, which every rank
     // reached; keep them so the restarted job loses no finished step.
     const bool sharded = engine_->shard_layout() != nullptr;
-    if (being_stopped()) {
+    // Healing in place, a stop's signal is given 100 ms: the survivors' stall is the point.
+    if (being_stopped(c_.reconnect ? std::chrono::milliseconds(100) : std::chrono::seconds(1))) {
       // We are being stopped too (scancel signals every rank): the peer stopped one step
       // boundary earlier. Not a failure: the same snapshot, and the stop's exit code. (Sharded
       // ranks agree on their boundaries, so there the peer was not stopped by a signal and no
@@ -365,6 +382,7 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
       stop_on_signal(c_.stop_signal->load(), !sharded);
       return std::nullopt;
     }
+    if (c_.reconnect && !sharded && heal_from(e)) return std::nullopt;
     if (!sharded) {
       save(pos_, "a peer failed");
     } else if (leader()) {
@@ -401,6 +419,38 @@ void Run::finish_epoch(std::int64_t epoch, std::int64_t nb, double mean) {
   if (o_.save_every > 0 && (epoch + 1) % o_.save_every == 0) {
     save(pos_, "every SAVE_EVERY epochs");
   }
+}
+
+// A peer died mid-step (in-place recovery): the step is dropped on this rank (the engine
+// zeroes its gradients; no optimizer step ran), the communicators are rebuilt with the dead
+// rank's replacement, and every rank takes the state of the survivor holding the newest step.
+// False when the engine cannot heal (the launcher then restarts the job).
+bool Run::heal_from(const Error& e) {
+  const auto t0 = Clock::now();
+  std::cerr << "ddp-train rank " << c_.rank << ": " << e.what() << "; step " << pos_.global_step
+            << " dropped, healing in place\n"
+            << std::flush;
+  phase("heal", pos_.global_step);
+  if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
+  const PeerState got = sync_from_peer(*engine_, *c_.comm, pos_);
+  pos_ = got.at;
+  healed_ = true;
+  std::cerr << "ddp-train rank " << c_.rank << ": healed in "
+            << std::chrono::duration<double>(Clock::now() - t0).count()
+            << " s: going on from global step " << pos_.global_step << " (rank " << got.from
+            << "'s state)\n"
+            << std::flush;
+  return true;
+}
+
+// This process replaces a rank that died: the state comes from a survivor, not from disk.
+void Run::join_as_replacement() {
+  const PeerState got = sync_from_peer(*engine_, *c_.comm, std::nullopt);
+  start_ = got.at;
+  resumed_ = true;
+  std::cerr << "ddp-train rank " << c_.rank << ": replacement (heal " << c_.heal << "): rank "
+            << got.from << "'s state at global step " << start_.global_step << ", no disk read\n"
+            << std::flush;
 }
 
 // A stop signal arrived: the snapshot at pos_, then the run ends with 128 + the signal.

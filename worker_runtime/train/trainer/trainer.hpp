@@ -5,6 +5,7 @@
 // (options.hpp); the communicator comes connected (or null for one process).
 #pragma once
 
+#include <functional>
 #include <atomic>
 #include <iosfwd>
 
@@ -36,6 +37,12 @@ struct TrainContext {
   // evaluation. n is the global step being taken, counted from 0 (DDP_TRAIN_FAULT's numbering).
   worker::ProgressWriter* progress = nullptr;
   MeshComms* mesh = nullptr;  // --model llama: this rank's place and its dp and tp groups
+  // In-place recovery (--recovery in-place under ddprun; docs/ddp_train.md): gives up this
+  // rank's communicators and returns the host communicator of the next generation, once every
+  // rank (the dead one's replacement too) has joined it. Null: a peer's death ends this rank
+  // and the launcher restarts the job (torchrun's rule).
+  std::function<worker::Communicator*()> reconnect;
+  int heal = 0;  // DDPRUN_HEAL: this process replaces a rank that died (the heal's ordinal)
 };
 
 // Returns the exit code: 0 when done, 128 + signal when stopped by one. Throws on errors.

@@ -313,3 +313,16 @@ TEST_CASE("a rank that reports phase compute is timed by that phase, on its own 
   REQUIRE(plain.step_s.size() == 2);
   CHECK(plain.step_s[0] == Approx(2.0));
 }
+
+TEST_CASE("progress lines: the in-place recovery declaration", "[unit][launch][progress]") {
+  auto alone = parse_progress_line("recover=in_place");
+  REQUIRE(alone);
+  CHECK(alone->recover_in_place);
+  CHECK(alone->step == -1);  // a declaration, not a step
+  auto with_step = parse_progress_line("step=3 recover=in_place");
+  REQUIRE(with_step);
+  CHECK(with_step->recover_in_place);
+  CHECK(with_step->step == 3);
+  CHECK_FALSE(parse_progress_line("recover=yes"));  // only in_place is a declaration
+  CHECK_FALSE(parse_progress_line("step=3").value().recover_in_place);
+}

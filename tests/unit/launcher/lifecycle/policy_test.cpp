@@ -337,3 +337,35 @@ TEST_CASE("a final failure event stops every node even with restarts left", "[un
                            R"("local_rank":1,"exit_code":1,"signal":0,"pid":0,"what":"x"})")
                   .final);
 }
+
+TEST_CASE("in-place recovery: one declared failure heals, anything more restarts the job",
+          "[unit][launch]") {
+  auto in_place = [](F x) {
+    for (auto& fl : x.f.failures) fl.exit.recovers_in_place = true;
+    return x;
+  };
+  // One worker that declared: heal, whatever the other nodes do meanwhile.
+  CHECK(decide(in_place(F().fail(1, 9)).f).kind == Kind::heal);
+  // Not declared (any program that does not say so): torchrun's rule.
+  CHECK(decide(F().fail(1, 9).f).kind == Kind::post_failure);
+  // Two at once, a hang, a spawn error, an event of the round: the job restarts as before.
+  CHECK(decide(in_place(F().fail(1).fail(1)).f).kind == Kind::post_failure);
+  CHECK(decide(in_place(F().fail(1).hang()).f).kind == Kind::post_failure);
+  CHECK(decide(in_place(F().fail(1).spawn()).f).kind == Kind::post_failure);
+  CHECK(decide(in_place(F().fail(1).ev(RoundEvent::Kind::failure, 1)).f).kind ==
+        Kind::post_failure);
+  // A stop signal wins over everything.
+  CHECK(decide(in_place(F().fail(1).sig(15)).f).kind == Kind::exit_on_signal);
+  // Heals share --max-restarts (2 here) with whole-job restarts.
+  F one_left = in_place(F().fail(1));
+  one_left.f.restart_count = 1;
+  one_left.f.heals = 0;
+  CHECK(decide(one_left.f).kind == Kind::heal);
+  one_left.f.heals = 1;
+  CHECK_FALSE(one_left.f.restarts_left());
+  CHECK(decide(one_left.f).kind == Kind::post_failure);
+  // After posting, with the budget spent by heals: the job stops.
+  F spent = F().fail(1).posted().ev(RoundEvent::Kind::failure, 1);
+  spent.f.heals = 2;
+  CHECK(decide(spent.f).kind == Kind::stop_and_report);
+}

@@ -48,6 +48,9 @@ class ProgressWriter {
   // One line, stamped with CLOCK_REALTIME: one write(2). Never blocks, never throws. samples:
   // the samples this rank processed in the step (negative: not said).
   void report(std::int64_t step, std::string_view phase, std::int64_t samples = -1) noexcept;
+  // A line of its own for the agent, once (not a step): "recover=in_place" declares that this
+  // worker recovers in place from a peer's death (docs/worker_runtime.md, "In-place recovery").
+  void declare(std::string_view key_value) noexcept;
   std::uint64_t written() const { return written_; }
   std::uint64_t dropped() const { return dropped_; }  // the pipe was full
 

@@ -27,6 +27,9 @@ struct ProgressLine {
   std::optional<double> t;    // the worker's own clock, unix seconds
   std::int64_t samples = -1;  // samples in this step (-1: not given)
   std::int64_t total = -1;    // the run's total steps (-1: not given)
+  // "recover=in_place": the worker recovers in place from a peer's death (docs/worker_runtime.md);
+  // such a line may carry no step (step is then -1).
+  bool recover_in_place = false;
 };
 
 // One finished step of a rank on the wall clock, for the trace (status/trace).
@@ -61,12 +64,14 @@ struct RankProgress {
   // apart); a rank without phases by the interval between steps.
   double clock_at = -1;  // the clock at `step_at`
   std::int64_t step_at = -1;
-  double compute_from = -1;       // the clock where the current compute phase began (-1: none)
-  bool phased = false;            // reported phase "compute" at least once
-  std::int64_t samples = -1;      // the last samples= (per step)
-  std::int64_t total_steps = -1;  // the last total=
-  double unix_at = -1;            // wall clock of the current step's first line
-  std::deque<StepSpan> spans;     // finished steps, the newest kTraceSteps
+  double compute_from = -1;        // the clock where the current compute phase began (-1: none)
+  bool phased = false;             // reported phase "compute" at least once
+  std::int64_t samples = -1;       // the last samples= (per step)
+  std::int64_t total_steps = -1;   // the last total=
+  double unix_at = -1;             // wall clock of the current step's first line
+  std::deque<StepSpan> spans;      // finished steps, the newest kTraceSteps
+  bool recovers_in_place = false;  // declared "recover=in_place"
+  double first_step_unix = -1;     // wall clock of the first step line (a replacement's heal)
 };
 
 // The per-worker pipes of one round.

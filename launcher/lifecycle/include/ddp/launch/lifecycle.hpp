@@ -44,6 +44,12 @@ class RendezvousPort {
   virtual void depart(const Round& round) = 0;
   // The agent is stopping (a stop signal): from now on nothing waits for a store that is away.
   virtual void stopping() {}
+  // The job's in-place heals (one counter for every node and round): adds `add`, returns the
+  // total. Throws ddp::Error when the store cannot be reached.
+  virtual int count_heals(const Round& round, int add) {
+    (void)round;
+    return add;
+  }
 };
 
 // One round's workers (real: WorkerGroup + OutputPump, round_workers.hpp).
@@ -61,6 +67,13 @@ class WorkerLauncher {
   virtual void finish() = 0;
   virtual void remove_temporary_logs() = 0;
   virtual void clear() = 0;  // forgets the round's workers before the next round
+  // In-place recovery: starts local rank `local_rank` again, alone, as the replacement of the
+  // worker that died (DDPRUN_HEAL=heal in its environment); "" when started, else why not.
+  virtual std::string respawn(int local_rank, int heal) {
+    (void)local_rank;
+    (void)heal;
+    return "this launcher cannot start one worker alone";
+  }
 };
 
 // What happened since the last look, in priority order: a stop signal ends the look at once,

@@ -53,8 +53,16 @@ struct RoundFacts {
   std::optional<RoundEvent> event;  // the round's event (posted by any node)
   bool posted = false;              // this node posted its failure; `event` is what held
   bool store_lost = false;          // the event watcher lost the rendezvous store
+  int heals = 0;                    // the job's in-place heals so far (the store's count)
 
-  bool restarts_left() const { return restart_count < max_restarts; }
+  // Heals and whole-job restarts share --max-restarts.
+  bool restarts_left() const { return restart_count + heals < max_restarts; }
+  // One local worker failed, alone, and it declared in-place recovery: replace it, and the
+  // others (on every node) heal it from a peer without stopping.
+  bool healable() const {
+    return failures.size() == 1 && failures.front().exit.recovers_in_place && spawn_error.empty() &&
+           !hang && !event && restarts_left();
+  }
   // This node has a failure of its own to post (a worker, the spawn, a hang).
   bool local_failure() const { return !failures.empty() || !spawn_error.empty() || hang; }
 };
@@ -79,6 +87,7 @@ struct Decision {
     reform,           // the job re-forms (a node joined, left, was lost): not counted
     stop_and_report,  // stop the job: exit_code, print `report`
     exit_on_signal,   // stop on this agent's signal: 128 + signal
+    heal,             // replace the one failed worker alone; the round goes on (counted)
   };
   Kind kind = Kind::keep_waiting;
   int exit_code = 0;  // succeed, stop_and_report, exit_on_signal
@@ -93,7 +102,8 @@ struct Decision {
 //  2. a stop signal -> exit_on_signal (128 + signal), whatever else was seen;
 //  3. after posting its failure: no restarts left -> stop (the local root cause's code, or 1
 //     for a spawn error or hang), leaving; else the event that held decides as in 6;
-//  4. a local failure (workers, spawn, hang) -> post_failure;
+//  4. a local failure: one worker alone that declared in-place recovery, restarts (heals
+//     included) left -> heal; otherwise (workers, spawn, hang) -> post_failure;
 //  5. solo and every local worker exited 0 -> succeed (no event to wait for);
 //  6. an event: done -> succeed; failure -> restart_all if restarts are left, else stop with
 //     the event's code (1 if it has none); signal, join, lost -> reform (not counted);

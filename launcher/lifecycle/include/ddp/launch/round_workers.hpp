@@ -42,6 +42,12 @@ struct SpawnResult {
 // numa_bindings_for_round throws (a --numa-binding that cannot be met).
 SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& workers, int sigfd);
 
+// In-place recovery: starts local rank `r` again, alone, with its round environment plus
+// DDPRUN_HEAL=<heal> (its logs in <attempt>/<r>/heal_<heal>/, its progress pipe new); the
+// other workers keep running. "" when started, else why not (a log file, an exec failure).
+std::string respawn_worker(const SpawnPlan& plan, int r, int heal, OutputPump& pump,
+                           WorkerGroup& workers);
+
 // Stops the round: `sig` to the workers and every other descendant of the agent (except
 // `watcher`), up to `grace` for the workers to exit, then SIGKILL for all that is left below
 // the agent; reaps the orphans it inherited.

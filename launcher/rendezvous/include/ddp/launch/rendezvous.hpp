@@ -128,6 +128,9 @@ class Rendezvous {
   bool republish(rdzv::Store& s);
   RoundClaims& claims() { return *claims_; }
 
+  // The job's in-place heals, one counter for every round (lifecycle's count_heals).
+  int count_heals(int add);
+
   std::string event_key(const Round& round) const;
   std::string event_key(int round) const;
   const std::string& prefix() const { return prefix_; }

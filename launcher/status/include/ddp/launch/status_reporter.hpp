@@ -90,6 +90,8 @@ class StatusReporter {
   void progress(const std::map<int, RankProgress>& ranks);  // by local rank
   void restarting(int round, const std::string& cause, const std::string& what);
   void failure(const std::string& cause);
+  // A worker replaced in place (lifecycle's heal) has taken its first step: `what` names it.
+  void healed(double seconds, const std::string& what);
   // The rendezvous store's outages (launcher/rendezvous/outage.hpp): how many, their length
   // together, the current one's so far (-1: none). Any thread.
   void store_outage(int count, double total_s, double away_s);

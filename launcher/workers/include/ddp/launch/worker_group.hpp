@@ -42,6 +42,7 @@ struct WorkerExit {
   int signal = 0;     // when a signal ended it (then exit_code is 0)
   std::chrono::system_clock::time_point when;
   OomFinding oom;  // a SIGKILL the agent did not send: whether the OOM killer's (oom.hpp)
+  bool recovers_in_place = false;  // the worker declared in-place recovery (progress.hpp)
   bool failed() const { return signal != 0 || exit_code != 0; }
   // torchrun-style: the exit code, or "Signal 11 (SIGSEGV)"; an OOM kill's headline follows.
   std::string describe() const;
@@ -68,6 +69,9 @@ class WorkerGroup {
   void start(const std::vector<WorkerSpec>& specs);
   // Starts one more worker, local rank = the number started before. Throws as start() does.
   void spawn(const WorkerSpec& spec);
+  // Starts local rank `local_rank` again (its worker has exited and been reaped): in-place
+  // recovery's replacement. Throws as spawn() does, stopping only the new process.
+  void respawn(int local_rank, const WorkerSpec& spec);
 
   // The next worker to exit, or nullopt if none did before `timeout`.
   std::optional<WorkerExit> wait_any(std::chrono::milliseconds timeout);
@@ -97,6 +101,7 @@ class WorkerGroup {
     bool sigkilled = false;  // the agent sent it SIGKILL (then it is no OOM question)
   };
   WorkerExit reap(Worker& w);
+  Worker launch(std::size_t rank, const WorkerSpec& spec);  // fork + exec; throws, leaving none
   Options options_;
   std::vector<Worker> workers_;
 };

@@ -87,6 +87,11 @@ struct NodeStatus {
   int store_outages = 0;
   double store_outage_s = 0;
   double store_away_s = -1;
+  // In-place heals of this node's workers (issue 34): how many, the last one's rank and how
+  // long each took together (a worker's death to its replacement's first step).
+  int heals = 0;
+  double heal_s = 0;
+  std::string last_heal;  // "rank 1: Signal 9 (SIGKILL), healed in 0.8 s"
   // Set by readers, not published: the record is older than 3 intervals + 2 s and not final.
   bool lost = false;
 };

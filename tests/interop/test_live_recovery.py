@@ -1,0 +1,112 @@
+"""In-place recovery (issue 34): a ddp-train rank SIGKILLed mid-run is replaced alone; the other
+ranks, on every node, keep their processes and state, drop the step in flight, rebuild their
+communicators with the replacement and send it the state of a survivor (no disk read). The run
+then ends with the parameters of an uninterrupted run, bit for bit (CPU, same reduction order),
+and its losses. Without the flag, or with no restarts left, a death restarts or stops the job as
+torchrun's would. Every run is bounded (a timeout), its files in the test's tmp_path."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from ddprun_multinode_helpers import DDPRUN, agent_env, free_port, popen_retry
+
+BIN = os.path.dirname(DDPRUN)
+TRAIN = os.path.join(BIN, "ddp-train")
+
+
+def job(tmp_path, name, nodes, nproc, fault=None, recovery="in-place", max_restarts=3):
+    """Runs `nodes` agents of nproc ranks (standalone for one node, c10d otherwise) to the end;
+    returns (exit codes, the agents' stderr together, rank 0's metrics)."""
+    metrics = tmp_path / f"{name}.json"
+    train = [TRAIN, "2", "0", "--model", "linear", "--dataset", "synthetic", "--synthetic-size",
+             "6144", "--batch-size", "32", "--threads", "1", "--no-eval", "--recovery", recovery,
+             "--snapshot", str(tmp_path / f"{name}.ddp"), "--metrics-json", str(metrics)]
+    if nodes == 1:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-id={name}",
+                 f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
+    argv = [DDPRUN, *where, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+            "--no-python", *train]
+    env = agent_env({"DDP_TRAIN_FAULT": fault} if fault else {})
+    procs, errs = [], []
+    for n in range(nodes):
+        err = open(tmp_path / f"{name}.{n}.err", "w+")
+        errs.append(err)
+        procs.append(popen_retry(argv, stdout=err, stderr=err, stdin=subprocess.DEVNULL, env=env))
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = ""
+    for e in errs:
+        e.seek(0)
+        text += e.read()
+        e.close()
+    return codes, text, (json.loads(metrics.read_text()) if metrics.exists() else None)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Uninterrupted runs: one node of 3 ranks, and 2 nodes of 2."""
+    out = {}
+    for nodes, nproc in ((1, 3), (2, 2)):
+        codes, text, m = job(tmp_path_factory.mktemp("ref"), f"ref{nodes}", nodes, nproc)
+        assert codes == [0] * nodes and m, text
+        out[nodes] = m
+    return out
+
+
+def assert_healed_equal(codes, text, m, ref, nodes, losses_from=0):
+    assert codes == [0] * nodes, text
+    assert "replaced in place, the others go on (heal 1;" in text, text
+    assert re.search(r"restarts +0 ", text), text       # nobody else restarted
+    assert re.search(r"healed +1 in place", text), text
+    assert "no disk read" in text, text
+    assert m["param_checksum"] == ref["param_checksum"], text
+    # Rank 0's losses (a replacement rank 0 has those from its heal on).
+    assert m["step_losses"] == ref["step_losses"][losses_from:], text
+    assert m["global_step"] == ref["global_step"]
+
+
+def test_one_node_a_killed_rank_heals_and_the_run_is_the_uninterrupted_one(tmp_path, reference):
+    codes, text, m = job(tmp_path, "one", 1, 3, fault="1:20:kill")
+    assert_healed_equal(codes, text, m, reference[1], 1)
+    assert "rank 1 kills itself at step 20" in text
+    assert "step 20 dropped, healing in place" in text  # survivors, over shared memory
+    assert re.search(r"ddprun: rank 1 \(local_rank 1\), heal 1, healed in \d+\.\d+ s", text)
+
+
+def test_two_nodes_heal_over_the_network(tmp_path, reference):
+    codes, text, m = job(tmp_path, "two", 2, 2, fault="2:25:kill")
+    assert_healed_equal(codes, text, m, reference[2], 2)
+    # Every survivor, on both nodes, dropped the step and healed; none was started again.
+    for r in (0, 1, 3):
+        assert f"ddp-train rank {r}: " in text and "healed in" in text, text
+    assert len(re.findall(r"DDP_TRAIN_FAULT: rank 2 kills itself", text)) == 1
+
+
+def test_rank_0_dies_and_rank_1_sends_the_state(tmp_path, reference):
+    codes, text, m = job(tmp_path, "zero", 1, 3, fault="0:15:kill")
+    assert_healed_equal(codes, text, m, reference[1], 1, losses_from=15)
+    assert "ddp-train rank 0: replacement (heal 1): rank 1's state at global step 15" in text
+
+
+def test_no_restarts_left_no_heal(tmp_path):
+    codes, text, _ = job(tmp_path, "budget", 1, 3, fault="1:20:kill", max_restarts=0)
+    assert codes == [137], text  # the root cause's signal, as without in-place recovery
+    assert "replaced in place" not in text, text
+    assert "Signal 9 (SIGKILL)" in text, text
+
+
+def test_without_the_flag_the_job_restarts_as_torchrun(tmp_path, reference):
+    codes, text, m = job(tmp_path, "restart", 1, 3, fault="1:20:kill", recovery="restart")
+    assert codes == [0], text
+    assert "replaced in place" not in text, text
+    assert "restarting the workers of every node, restart 1 of 3" in text, text
