@@ -39,6 +39,12 @@ def parse_args() -> argparse.Namespace:
                    help="fetch each batch with one indexing op (a BatchSampler as the sampler) "
                         "instead of the usual per-sample fetch and collate")
     p.add_argument("--metrics-json", type=Path, help="rank 0 writes the run's figures here")
+    p.add_argument("--checkpoint", type=Path,
+                   help="the seeds' recipe: rank 0 saves model and optimizer here after every "
+                        "epoch, and a (re)started run resumes from it (bench/recovery_bench.py)")
+    p.add_argument("--kill-at", default="",
+                   help="RANK:STEP: that rank SIGKILLs itself at that global step, first "
+                        "attempt only (TORCHELASTIC_RESTART_COUNT=0), as DDP_TRAIN_FAULT")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the model on LOCAL_RANK's GPU (or the only one), DDP over nccl")
     args = p.parse_args()
@@ -117,15 +123,29 @@ def main() -> int:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
 
+    first_epoch = 0
+    if args.checkpoint and args.checkpoint.exists():  # every rank reads it (one host here)
+        state = torch.load(args.checkpoint, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        first_epoch = int(state["epoch"])
+        if rank == 0:
+            print(f"resumed from {args.checkpoint} at epoch {first_epoch}", file=sys.stderr,
+                  flush=True)
+    kill_rank, kill_step = (int(v) for v in args.kill_at.split(":")) if args.kill_at else (-1, -1)
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        kill_rank = -1
     samples, steps, epoch_losses = 0, 0, []
     dist.barrier()
     start = time.perf_counter()
-    for epoch in range(args.epochs):
+    for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
         loss_sum, batches = 0.0, 0
         for xb, yb in loader:
             if cuda:
                 xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            if rank == kill_rank and epoch * len(loader) + batches == kill_step:
+                os.kill(os.getpid(), 9)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)
             loss.backward()
@@ -138,6 +158,11 @@ def main() -> int:
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs} mean loss {epoch_losses[-1]:.4f}",
                   file=sys.stderr, flush=True)
+            if args.checkpoint:
+                tmp = args.checkpoint.with_suffix(".tmp")
+                torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
+                            "epoch": epoch + 1}, tmp)
+                os.replace(tmp, args.checkpoint)
     dist.barrier()
     train_seconds = time.perf_counter() - start
 
