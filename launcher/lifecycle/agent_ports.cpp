@@ -171,7 +171,10 @@ std::string LocalRound::respawn(int local_rank, int heal) {
   plan.progress = progress_.get();
   const auto died = std::chrono::system_clock::now();
   std::string err = respawn_worker(plan, local_rank, heal, *pump_, *workers_);
-  if (err.empty()) heals_.push_back({local_rank, heal, died});
+  if (err.empty()) {  // a replacement that died before its first step: only the new one counts
+    std::erase_if(heals_, [&](const Heal& h) { return h.local_rank == local_rank; });
+    heals_.push_back({local_rank, heal, died});
+  }
   return err;
 }
 

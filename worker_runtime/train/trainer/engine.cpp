@@ -1,9 +1,13 @@
-// The CPU engine: Model + Optimizer + GradReducer (see engine.hpp).
+// The CPU engine: Model + Optimizer + GradReducer, and make_engine(), which picks the engine
+// the options ask for (see engine.hpp).
 #include "engine.hpp"
+
+#include <algorithm>
 
 #include "ddp/proto/error.hpp"
 #include "reducer.hpp"
 #include "snapshot.hpp"
+#include "trainer.hpp"
 
 namespace ddp::train {
 
@@ -76,6 +80,31 @@ class CpuEngine final : public Engine {
 std::unique_ptr<Engine> make_cpu_engine(ModelSpec spec, const OptimizerConfig& opt,
                                         worker::Communicator* comm, double bucket_cap_mb) {
   return std::make_unique<CpuEngine>(std::move(spec), opt, comm, bucket_cap_mb);
+}
+
+std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c) {
+  switch (o.device) {
+    case Device::cuda: {
+      CudaEngineOptions co;
+      co.device = c.cuda_device;
+      co.max_rows = std::max(static_cast<std::size_t>(o.batch_size), kPredictChunkRows);
+      co.precision = o.precision;
+      co.bucket_cap_mb = o.bucket_cap_mb;
+      if (o.sharding != Sharding::none) {
+        return make_cuda_sharded_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer,
+                                        c.device_comm, o.sharding, o.prefetch, co);
+      }
+      return make_cuda_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.device_comm,
+                              co);
+    }
+    case Device::cpu: break;
+  }
+  if (o.sharding != Sharding::none) {
+    return make_sharded_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
+                               o.sharding, o.prefetch, o.bucket_cap_mb);
+  }
+  return make_cpu_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
+                         o.bucket_cap_mb);
 }
 
 #if !defined(DDP_WITH_CUDA)

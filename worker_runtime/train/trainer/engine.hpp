@@ -112,4 +112,8 @@ std::unique_ptr<Engine> make_cuda_sharded_engine(ModelSpec spec, const Optimizer
                                                  worker::Communicator* comm, Sharding level,
                                                  bool prefetch, const CudaEngineOptions& o);
 
+// The engine the options ask for (device, sharding), over the context's communicators.
+struct TrainContext;
+std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c);
+
 }  // namespace ddp::train

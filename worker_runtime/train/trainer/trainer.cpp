@@ -29,31 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c) {
-  switch (o.device) {
-    case Device::cuda: {
-      CudaEngineOptions co;
-      co.device = c.cuda_device;
-      co.max_rows = std::max(static_cast<std::size_t>(o.batch_size), kPredictChunkRows);
-      co.precision = o.precision;
-      co.bucket_cap_mb = o.bucket_cap_mb;
-      if (o.sharding != Sharding::none) {
-        return make_cuda_sharded_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer,
-                                        c.device_comm, o.sharding, o.prefetch, co);
-      }
-      return make_cuda_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.device_comm,
-                              co);
-    }
-    case Device::cpu: break;
-  }
-  if (o.sharding != Sharding::none) {
-    return make_sharded_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
-                               o.sharding, o.prefetch, o.bucket_cap_mb);
-  }
-  return make_cpu_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer, c.comm,
-                         o.bucket_cap_mb);
-}
-
 // How a communicator reports a peer's failure mid-step: IoError (gloo, shm), NcclError (nccl).
 bool peer_failed(const Error& e) {
   return e.code() == Errc::io || e.code() == Errc::nccl || e.code() == Errc::peer_gone;
