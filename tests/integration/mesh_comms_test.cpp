@@ -141,6 +141,9 @@ TEST_CASE("mesh: one rank without a world, and a shape that does not fit the wor
   std::vector<std::string> errors(2);
   test::run_ranks(2, [&](int r) {
     auto world = worker::make_gloo_communicator(job.options(r, 2, "/t/mesh-misfit/world"));
+    // Both ranks finish connecting before either refuses the shape and closes its pairs:
+    // without it a fast rank 1 closes while rank 0 is still handshaking.
+    world->barrier();
     try {
       train::make_mesh_comms(world.get(), job.options(r, 2, "/t/mesh-misfit/mesh"), {2, 2},
                              train::MeshBackend::gloo, false, 0);
