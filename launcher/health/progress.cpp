@@ -95,15 +95,15 @@ std::optional<ProgressLine> parse_progress_line(std::string_view line) {
       if (!v || out.t) return std::nullopt;
       out.t = v;
     } else if (key == "recover") {
-      if (value != "in_place") return std::nullopt;
-      out.recover_in_place = true;
+      if (value != "in_place" && value != "restart") return std::nullopt;
+      (value == "in_place" ? out.recover_in_place : out.recover_restart) = true;
     } else if (key == "samples" || key == "total") {
       auto v = parse_step(value);
       if (!v) return std::nullopt;
       (key == "samples" ? out.samples : out.total) = *v;
     }  // other keys: ignored
   }
-  if (!have_step && !out.recover_in_place) return std::nullopt;
+  if (!have_step && !out.recover_in_place && !out.recover_restart) return std::nullopt;
   if (!have_step) out.step = -1;  // a declaration alone
   return out;
 }
@@ -138,7 +138,7 @@ void span(RankProgress& r, std::int64_t step, double unix) {
 }  // namespace
 
 void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime now) {
-  if (line.recover_in_place) r.recovers_in_place = true;
+  if (line.recover_in_place || line.recover_restart) r.recovers_in_place = line.recover_in_place;
   if (line.step < 0) return;  // a declaration, not a step
   if (r.first_step_unix < 0) r.first_step_unix = line.t ? *line.t : unix_of(now);
   r.reported = true;
@@ -251,7 +251,9 @@ void ProgressReader::on_readable(int fd, SteadyTime now) {
   auto take_line = [&](std::string_view text) {
     if (trim(text).empty()) return;  // blank lines are not counted
     if (auto line = parse_progress_line(text)) {
-      if (line->recover_in_place) rank.recovers_in_place = true;  // never one of the "last wins"
+      if (line->recover_in_place || line->recover_restart) {  // never one of the "last wins"
+        rank.recovers_in_place = line->recover_in_place;
+      }
       if (line->step < 0) return;
       if (line->t) {
         if (untimed) apply(rank, *std::exchange(untimed, std::nullopt), now);

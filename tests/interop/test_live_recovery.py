@@ -17,11 +17,31 @@ BIN = os.path.dirname(DDPRUN)
 TRAIN = os.path.join(BIN, "ddp-train")
 
 
-def job(tmp_path, name, nodes, nproc, fault=None, recovery="in-place", max_restarts=3):
+def leftovers(tag):
+    """The processes whose command line names `tag` (a test's own files): none may outlive a
+    job."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if tag in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def job(tmp_path, name, nodes, nproc, fault=None, recovery="in-place", max_restarts=3,
+        save_every=0):
     """Runs `nodes` agents of nproc ranks (standalone for one node, c10d otherwise) to the end;
-    returns (exit codes, the agents' stderr together, rank 0's metrics)."""
+    returns (exit codes, the agents' stderr together, rank 0's metrics). Asserts that no
+    process of the job is left."""
     metrics = tmp_path / f"{name}.json"
-    train = [TRAIN, "2", "0", "--model", "linear", "--dataset", "synthetic", "--synthetic-size",
+    train = [TRAIN, "2", str(save_every), "--model", "linear", "--dataset", "synthetic",
+             "--synthetic-size",
              "6144", "--batch-size", "32", "--threads", "1", "--no-eval", "--recovery", recovery,
              "--snapshot", str(tmp_path / f"{name}.ddp"), "--metrics-json", str(metrics)]
     if nodes == 1:
@@ -49,6 +69,7 @@ def job(tmp_path, name, nodes, nproc, fault=None, recovery="in-place", max_resta
         e.seek(0)
         text += e.read()
         e.close()
+    assert leftovers(str(metrics)) == [], text
     return codes, text, (json.loads(metrics.read_text()) if metrics.exists() else None)
 
 
@@ -110,3 +131,60 @@ def test_without_the_flag_the_job_restarts_as_torchrun(tmp_path, reference):
     assert codes == [0], text
     assert "replaced in place" not in text, text
     assert "restarting the workers of every node, restart 1 of 3" in text, text
+
+
+# Deaths at other moments of a step (DDP_TRAIN_FAULT's kill@... forms), a death during a heal
+# and two at once. Every run ends with the uninterrupted run's parameters and step count.
+
+
+def test_killed_during_the_allreduce_over_the_network(tmp_path, reference):
+    # The victim's backward has started the gradient all-reduce: the survivors are inside it.
+    codes, text, m = job(tmp_path, "inflight", 2, 2, fault="1:25:kill@allreduce")
+    assert_healed_equal(codes, text, m, reference[2], 2)
+    assert "rank 1 kills itself during the all-reduce at step 25" in text, text
+
+
+def test_killed_after_the_allreduce(tmp_path, reference):
+    # The step was reduced and applied everywhere; the next step's all-reduce finds it gone.
+    codes, text, m = job(tmp_path, "after", 1, 3, fault="2:20:kill@after")
+    assert_healed_equal(codes, text, m, reference[1], 1)
+    assert "rank 2 kills itself after the all-reduce at step 20" in text, text
+    assert "step 21 dropped, healing in place" in text, text
+
+
+def test_rank_0_killed_mid_snapshot_leaves_the_last_snapshot_whole(tmp_path, reference):
+    # Rank 0 dies between writing the end-of-epoch snapshot and committing it (the rename).
+    codes, text, m = job(tmp_path, "snap", 1, 3, fault="0:64:kill@snapshot", save_every=1)
+    assert_healed_equal(codes, text, m, reference[1], 1, losses_from=64)
+    assert "rank 0 kills itself mid-snapshot at step 64" in text, text
+    # The replacement's end-of-run snapshot is whole, and the dead writer's temporary is gone.
+    assert (tmp_path / "snap.ddp").stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir() if ".tmp." in p.name] == []
+    assert (f"ddp-train: snapshot {tmp_path / 'snap.ddp'} written (every SAVE_EVERY epochs): "
+            "epoch 2 step 0 global step 128") in text, text
+
+
+def healed_or_restarted(codes, text, m, ref, nodes):
+    """Two deaths close together: healed one by one, or (both seen in one look) the job restarts
+    as torchrun's would. Either way the run is the uninterrupted one."""
+    assert codes == [0] * nodes, text
+    assert m["param_checksum"] == ref["param_checksum"], text
+    assert m["global_step"] == ref["global_step"], text
+    # Every node's exit summary counts the job's heals.
+    healed = max((int(n) for n in re.findall(r"healed +(\d+) in place", text)), default=0)
+    restarted = "restarting the workers of every node" in text
+    assert healed == 2 or restarted, text
+    return healed, restarted
+
+
+def test_a_second_death_during_the_heal(tmp_path, reference):
+    # Rank 1 dies; rank 2 dies as it begins to heal (before joining the new communicators).
+    codes, text, m = job(tmp_path, "twice", 1, 3, fault="1:20:kill,2:20:kill@heal")
+    healed_or_restarted(codes, text, m, reference[1], 1)
+    assert "rank 2 kills itself entering the heal at step 20" in text, text
+
+
+def test_two_ranks_at_once_on_two_nodes(tmp_path, reference):
+    codes, text, m = job(tmp_path, "pair", 2, 2, fault="1:25:kill,2:25:kill")
+    healed_or_restarted(codes, text, m, reference[2], 2)
+    assert len(re.findall(r"kills itself at step 25", text)) == 2, text

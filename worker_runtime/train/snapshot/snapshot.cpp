@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "ddp/proto/error.hpp"
@@ -133,16 +134,32 @@ Snapshot decode_snapshot(std::string_view b, const std::string& name) {
   return s;
 }
 
+namespace {
+std::function<void()>& before_commit_hook() {
+  static std::function<void()> hook;
+  return hook;
+}
+
+// Removes `.<name>.tmp.*` in dir: what writers of this path that died left.
+void remove_stale_temporaries(const std::filesystem::path& dir, const std::string& prefix) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with(prefix)) std::filesystem::remove(it->path(), ec);
+  }
+}
+}  // namespace
+
+void set_before_commit_hook(std::function<void()> hook) { before_commit_hook() = std::move(hook); }
+
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks,
                            const std::string& what) {
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string tmp = (dir / std::string(".")
-                                     .append(target.filename().string())
-                                     .append(".tmp.")
-                                     .append(std::to_string(::getpid())))
-                              .string();
+  const std::string prefix = "." + target.filename().string() + ".tmp.";
+  remove_stale_temporaries(dir, prefix);
+  const std::string tmp = (dir / (prefix + std::to_string(::getpid()))).string();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw IoError(what + ": cannot create " + tmp + ": " + std::strerror(errno));
   for (const std::string_view bytes : chunks) {
@@ -163,6 +180,7 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
     ::unlink(tmp.c_str());
     throw IoError(what + ": fsync/close failed: " + std::strerror(errno));
   }
+  if (auto hook = std::exchange(before_commit_hook(), nullptr)) hook();
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());

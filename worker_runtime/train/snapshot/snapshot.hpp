@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,8 +45,13 @@ Snapshot decode_snapshot(std::string_view bytes, const std::string& name);
 
 // Writes the chunks one after another to `path` atomically: a temporary file `.<name>.tmp.<pid>`
 // in the same folder, fsync, rename, fsync of the folder. IoError messages start with `what`.
+// One process writes a path at a time (rank 0, or each rank its shard), so the temporary files
+// of that path left by writers that died (`.<name>.tmp.*`) are removed first.
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks,
                            const std::string& what);
+// Tests only (DDP_TRAIN_FAULT's kill@snapshot): called by the next write_file_atomically once
+// every byte is in the temporary file, before the rename that commits it; then forgotten.
+void set_before_commit_hook(std::function<void()> hook);
 
 void write_snapshot_file(const std::string& path, const Snapshot& s);
 // nullopt when the file does not exist; throws ConfigError when it cannot be read or is bad.

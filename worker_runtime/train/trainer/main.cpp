@@ -251,11 +251,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--weight-decay", o.optimizer.weight_decay, "adamw's weight decay")
       ->capture_default_str();
+  std::vector<train::Fault> faults;  // DDP_TRAIN_FAULT: this rank's is taken once it is known
   try {
     app.parse(argc, argv);
     o.eval = !no_eval;
     o.prefetch = !no_prefetch;
-    if (auto fault = knobs::text("DDP_TRAIN_FAULT", &env)) o.fault = train::parse_fault(*fault);
+    if (auto fault = knobs::text("DDP_TRAIN_FAULT", &env)) faults = train::parse_faults(*fault);
     shm_allreduce = knobs::flag01("DDP_SHM_ALLREDUCE", &env);  // checked before any peer
     progress_fd = knobs::text("DDPRUN_PROGRESS_FD", &env);
     if (threads < 1) throw ConfigError("--threads must be >= 1");
@@ -317,6 +318,7 @@ int main(int argc, char** argv) {
       ctx.world = wenv.world_size;
       ctx.restart_count = wenv.restart_count;
     }
+    o.fault = train::fault_for(faults, ctx.rank);
     if (o.device == train::Device::cuda) {
       const auto cvd = env.find("CUDA_VISIBLE_DEVICES");
       ctx.cuda_device = worker::pick_cuda_device(wenv.local_rank, kernels::cuda_device_count(),

@@ -4,6 +4,7 @@
 #include "options.hpp"
 
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +67,14 @@ Fault parse_fault(const std::string& text) {
       constexpr std::string_view kSlow = "slow=";
       if (kind == "kill") {
         f.kind = FaultKind::kill;
+      } else if (kind == "kill@allreduce") {
+        f.kind = FaultKind::kill_allreduce;
+      } else if (kind == "kill@after") {
+        f.kind = FaultKind::kill_after;
+      } else if (kind == "kill@snapshot") {
+        f.kind = FaultKind::kill_snapshot;
+      } else if (kind == "kill@heal") {
+        f.kind = FaultKind::kill_heal;
       } else if (kind == "hang") {
         f.kind = FaultKind::hang;
       } else if (kind.starts_with(kSlow)) {
@@ -84,10 +93,43 @@ Fault parse_fault(const std::string& text) {
     }
   } catch (const ConfigError&) {
     throw ConfigError("DDP_TRAIN_FAULT='" + text +
-                      "': expected RANK:STEP (kill), RANK:STEP:hang or RANK:STEP:slow=F with "
-                      "F in (1, 1000]");
+                      "': expected RANK:STEP (kill), RANK:STEP:KIND with KIND kill, "
+                      "kill@allreduce, kill@after, kill@snapshot, kill@heal or hang, or "
+                      "RANK:STEP:slow=F with F in (1, 1000]");
   }
   return f;
+}
+
+std::vector<Fault> parse_faults(const std::string& text) {
+  std::vector<Fault> out;
+  if (text.empty()) return out;
+  std::size_t from = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', from);
+    if (out.size() == kMaxFaults) {
+      throw ConfigError("DDP_TRAIN_FAULT: more than " + std::to_string(kMaxFaults) + " faults");
+    }
+    const std::string one = text.substr(from, comma == std::string::npos ? comma : comma - from);
+    if (one.empty()) throw ConfigError("DDP_TRAIN_FAULT='" + text + "': an empty fault");
+    out.push_back(parse_fault(one));
+    if (comma == std::string::npos) return out;
+    from = comma + 1;
+  }
+}
+
+Fault fault_for(const std::vector<Fault>& faults, int rank) {
+  for (const Fault& f : faults) {
+    if (f.rank == rank) return f;
+  }
+  return Fault{};
+}
+
+void injected_kill(std::ostream& out, int rank, std::int64_t step, const std::string& where) {
+  out << "ddp-train: DDP_TRAIN_FAULT: rank " << rank << " kills itself" << where << " at step "
+      << step << "\n"
+      << std::flush;
+  std::raise(SIGKILL);
+  std::abort();  // not reached
 }
 
 void injected_hang_before_allreduce(std::ostream& out, int rank, std::int64_t step,

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lm_spec.hpp"
 #include "model.hpp"
@@ -37,22 +38,41 @@ std::string to_string(Sharding s);
 std::optional<OptimizerKind> optimizer_named(std::string_view name);
 
 // DDP_TRAIN_FAULT, for tests: what rank `rank` does at global step `step` (steps count from 0,
-// as the snapshot's global_step). rank -1: no fault.
+// as the snapshot's global_step). rank -1: no fault. Several faults, one per rank, are separated
+// by commas ("1:20:kill,2:20:kill"); a rank takes the first that names it (fault_for).
 //   kill  ("RANK:STEP" or "RANK:STEP:kill"): SIGKILLs itself before the step; first attempt only.
+//   The kills at other moments of step STEP (first attempt, the first process of the rank only):
+//     "kill@allreduce": after the last micro-batch's backward started the gradient all-reduce,
+//                       before the rank waits for it (the all-reduce is in flight);
+//     "kill@after":     after the all-reduce and this rank's optimizer step, before the boundary;
+//     "kill@snapshot":  midway through writing the snapshot at global step STEP (rank 0 writes
+//                       replicated snapshots; every rank its shard);
+//     "kill@heal":      on entering an in-place heal at step STEP (a peer died: a second death).
 //   hang  ("RANK:STEP:hang"): sleeps forever in injected_hang_before_allreduce() (below)
 //         before the step's last micro-batch, whose backward starts the gradient all-reduce, so
 //         the other ranks wait inside it; first attempt only, so a restart recovers.
 //   slow  ("RANK:STEP:slow=F", F in (1, 1000]): from that step on, every attempt, the rank
 //         sleeps (F - 1) x its own measured compute time per step, so it computes F x slower.
-enum class FaultKind { kill, hang, slow };
+enum class FaultKind { kill, kill_allreduce, kill_after, kill_snapshot, kill_heal, hang, slow };
 struct Fault {
   int rank = -1;
   std::int64_t step = -1;
   FaultKind kind = FaultKind::kill;
   double factor = 1.0;  // slow's F
+  // Whether this fault is a kill of `kind` at `step` for `rank`.
+  bool kills(FaultKind k, int r, std::int64_t s) const { return kind == k && rank == r && step == s; }
 };
 // "" is no fault; else one of the forms above or ConfigError naming DDP_TRAIN_FAULT.
 Fault parse_fault(const std::string& text);
+// A comma-separated list of faults (at most kMaxFaults), each as parse_fault reads it.
+inline constexpr std::size_t kMaxFaults = 64;
+std::vector<Fault> parse_faults(const std::string& text);
+// The first fault naming `rank`, else no fault.
+Fault fault_for(const std::vector<Fault>& faults, int rank);
+// Says "ddp-train: DDP_TRAIN_FAULT: rank R kills itself <where> at step S" on `out`, then
+// SIGKILLs the process.
+[[noreturn]] void injected_kill(std::ostream& out, int rank, std::int64_t step,
+                                const std::string& where);
 
 // DDP_TRAIN_FAULT's hang and slowness, as functions of their own (never inlined, external
 // linkage) so that a stack taken from the rank (eu-stack, gdb) names them.

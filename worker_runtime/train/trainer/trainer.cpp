@@ -70,6 +70,7 @@ class Run {
   void save(const Position& at, const char* why);
   void stop_on_signal(int signal, bool snapshot = true);
   bool heal_from(const Error& e);
+  void kill_if(FaultKind kind, std::int64_t n, const char* where);
   void join_as_replacement();
   void agree_at_boundary(int& stop, bool& save_now);
   bool being_stopped(std::chrono::milliseconds wait = std::chrono::seconds(1)) const;
@@ -151,6 +152,10 @@ void Run::save(const Position& at, const char* why) {
   if ((!leader() && !sharded) || o_.snapshot.empty()) return;
   if (last_saved_ && *last_saved_ == at) return;
   phase("checkpoint", at.global_step);
+  if (c_.restart_count == 0 && c_.heal == 0 &&
+      o_.fault.kills(FaultKind::kill_snapshot, c_.rank, at.global_step)) {
+    set_before_commit_hook([&] { injected_kill(out(), c_.rank, at.global_step, " mid-snapshot"); });
+  }
   save_snapshot(*engine_, o_, c_, at);
   last_saved_ = at;
   if (leader()) {
@@ -295,14 +300,15 @@ bool Run::at_step_boundary() {
     return false;
   }
   if (save_now) save(pos_, "SIGUSR1");
-  if (c_.restart_count == 0 && c_.heal == 0 && o_.fault.kind == FaultKind::kill &&
-      o_.fault.rank == c_.rank && o_.fault.step == pos_.global_step) {
-    out() << "ddp-train: DDP_TRAIN_FAULT: rank " << c_.rank << " kills itself at step "
-          << pos_.global_step << "\n"
-          << std::flush;
-    std::raise(SIGKILL);
-  }
+  kill_if(FaultKind::kill, pos_.global_step, "");
   return true;
+}
+
+// DDP_TRAIN_FAULT's kills at one moment of step n: the rank's first process only.
+void Run::kill_if(FaultKind kind, std::int64_t n, const char* where) {
+  if (c_.restart_count == 0 && c_.heal == 0 && o_.fault.kills(kind, c_.rank, n)) {
+    injected_kill(out(), c_.rank, n, where);
+  }
 }
 
 // One optimizer step over micro-batches [mb, group_end): forward and backward of each, then the
@@ -342,7 +348,10 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
       injected_slow_step(Clock::now() - computing, o_.fault.factor);
     }
     phase("allreduce", n, rows_in_step);
-    return engine_->step();
+    kill_if(FaultKind::kill_allreduce, n, " during the all-reduce");
+    const double loss = engine_->step();
+    kill_if(FaultKind::kill_after, n, " after the all-reduce");
+    return loss;
   } catch (const Error& e) {
     if (!peer_failed(e)) throw;
     // A peer failed mid-step: the parameters are still those of pos_, which every rank
@@ -400,14 +409,23 @@ void Run::finish_epoch(std::int64_t epoch, std::int64_t nb, double mean) {
 // zeroes its gradients; no optimizer step ran), the communicators are rebuilt with the dead
 // rank's replacement, and every rank takes the state of the survivor holding the newest step.
 // False when the engine cannot heal (the launcher then restarts the job).
+// A failure during the heal itself (another death) withdraws the declaration first: this rank's
+// exit then restarts the job, as torchrun's would.
 bool Run::heal_from(const Error& e) {
   const auto t0 = Clock::now();
   std::cerr << "ddp-train rank " << c_.rank << ": " << e.what() << "; step " << pos_.global_step
             << " dropped, healing in place\n"
             << std::flush;
   phase("heal", pos_.global_step);
-  if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
-  const PeerState got = sync_from_peer(*engine_, *c_.comm, pos_);
+  kill_if(FaultKind::kill_heal, pos_.global_step, " entering the heal");
+  PeerState got;
+  try {
+    if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
+    got = sync_from_peer(*engine_, *c_.comm, pos_);
+  } catch (const Error&) {
+    if (c_.progress != nullptr) c_.progress->declare("recover=restart");
+    throw;
+  }
   pos_ = got.at;
   healed_ = true;
   std::cerr << "ddp-train rank " << c_.rank << ": healed in "

@@ -323,6 +323,21 @@ TEST_CASE("progress lines: the in-place recovery declaration", "[unit][launch][p
   REQUIRE(with_step);
   CHECK(with_step->recover_in_place);
   CHECK(with_step->step == 3);
-  CHECK_FALSE(parse_progress_line("recover=yes"));  // only in_place is a declaration
+  CHECK_FALSE(parse_progress_line("recover=yes"));  // in_place or restart only
   CHECK_FALSE(parse_progress_line("step=3").value().recover_in_place);
+  // "recover=restart" withdraws a declaration: the last said holds.
+  auto withdrawn = parse_progress_line("recover=restart");
+  REQUIRE(withdrawn);
+  CHECK(withdrawn->recover_restart);
+  CHECK_FALSE(withdrawn->recover_in_place);
+  RankProgress r;
+  const auto now = SteadyTime{};
+  ProgressReader::apply(r, *alone, now);
+  CHECK(r.recovers_in_place);
+  ProgressReader::apply(r, *parse_progress_line("step=4"), now);
+  CHECK(r.recovers_in_place);  // a step line leaves it
+  ProgressReader::apply(r, *withdrawn, now);
+  CHECK_FALSE(r.recovers_in_place);
+  ProgressReader::apply(r, *with_step, now);
+  CHECK(r.recovers_in_place);
 }

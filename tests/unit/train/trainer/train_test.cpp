@@ -461,9 +461,40 @@ TEST_CASE("DDP_TRAIN_FAULT: kill, hang and slow=F, anything else is named", "[un
         "1:5:slow=1001", "-1:5", "1:-5"}) {
     INFO(bad);
     CHECK_THROWS_WITH(parse_fault(bad), "DDP_TRAIN_FAULT='" + std::string(bad) +
-                                            "': expected RANK:STEP (kill), RANK:STEP:hang or "
+                                            "': expected RANK:STEP (kill), RANK:STEP:KIND with "
+                                            "KIND kill, kill@allreduce, kill@after, "
+                                            "kill@snapshot, kill@heal or hang, or "
                                             "RANK:STEP:slow=F with F in (1, 1000]");
   }
+}
+
+TEST_CASE("DDP_TRAIN_FAULT: the kills at other moments, and one fault per rank in a list",
+          "[unit][train]") {
+  CHECK(parse_fault("1:5:kill@allreduce").kind == FaultKind::kill_allreduce);
+  CHECK(parse_fault("1:5:kill@after").kind == FaultKind::kill_after);
+  CHECK(parse_fault("1:5:kill@snapshot").kind == FaultKind::kill_snapshot);
+  CHECK(parse_fault("1:5:kill@heal").kind == FaultKind::kill_heal);
+  CHECK_THROWS_AS(parse_fault("1:5:kill@"), ddp::ConfigError);
+  CHECK_THROWS_AS(parse_fault("1:5:kill@boundary"), ddp::ConfigError);
+  const Fault f = parse_fault("2:9:kill@heal");
+  CHECK(f.kills(FaultKind::kill_heal, 2, 9));
+  CHECK_FALSE(f.kills(FaultKind::kill_heal, 2, 8));
+  CHECK_FALSE(f.kills(FaultKind::kill_heal, 1, 9));
+  CHECK_FALSE(f.kills(FaultKind::kill, 2, 9));
+
+  const auto list = parse_faults("1:20:kill,2:20:kill@allreduce,1:30:hang");
+  REQUIRE(list.size() == 3);
+  CHECK(fault_for(list, 1).step == 20);  // the first naming the rank
+  CHECK(fault_for(list, 2).kind == FaultKind::kill_allreduce);
+  CHECK(fault_for(list, 0).rank == -1);  // none
+  CHECK(parse_faults("").empty());
+  CHECK_THROWS_WITH(parse_faults("1:2,"), "DDP_TRAIN_FAULT='1:2,': an empty fault");
+  CHECK_THROWS_WITH(parse_faults(",1:2"), "DDP_TRAIN_FAULT=',1:2': an empty fault");
+  CHECK_THROWS_WITH(parse_faults("1:2,x"), Catch::StartsWith("DDP_TRAIN_FAULT='x': expected"));
+  std::string many = "0:0";
+  for (std::size_t i = 1; i < kMaxFaults; ++i) many += ",0:" + std::to_string(i);
+  CHECK(parse_faults(many).size() == kMaxFaults);
+  CHECK_THROWS_WITH(parse_faults(many + ",1:1"), "DDP_TRAIN_FAULT: more than 64 faults");
 }
 
 TEST_CASE("progress lines: step, phase and the worker's clock, as the agent parses them",

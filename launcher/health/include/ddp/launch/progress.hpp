@@ -28,8 +28,10 @@ struct ProgressLine {
   std::int64_t samples = -1;  // samples in this step (-1: not given)
   std::int64_t total = -1;    // the run's total steps (-1: not given)
   // "recover=in_place": the worker recovers in place from a peer's death (docs/worker_runtime.md);
-  // such a line may carry no step (step is then -1).
+  // "recover=restart" withdraws that (its death restarts the job again). Such a line may carry
+  // no step (step is then -1).
   bool recover_in_place = false;
+  bool recover_restart = false;
 };
 
 // One finished step of a rank on the wall clock, for the trace (status/trace).
