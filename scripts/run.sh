@@ -4,8 +4,8 @@
 #      least 84% test accuracy (checked), printing progress;
 #   2. serve with ddprund on a free port, make a client round trip with ddpstore, and run a
 #      two-node ddprun job against it on this machine: 2 agents x 1 ddp-train worker, rank 1
-#      killed mid-training once, so that both nodes restart together and resume from the
-#      snapshot.
+#      killed mid-training once and replaced alone, healed from rank 0's state (in-place
+#      recovery, ddp-train's default under ddprun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -42,7 +42,7 @@ wait $waiter && echo "wait released -> ok"
 echo "num-keys -> $(store num-keys)"
 
 echo
-echo "== two ddprun agents rendezvous through ddprund; ddp-train rank 1 is killed at step 300 =="
+echo "== two ddprun agents rendezvous through ddprund; ddp-train rank 1 is killed at step 300 and healed in place =="
 agents=()
 for node in 0 1; do
   DDP_TRAIN_FAULT=1:300 build/bin/ddprun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d \
@@ -52,7 +52,7 @@ for node in 0 1; do
     --snapshot "$dir/demo.ddp" 2 1 & agents+=($!)
 done
 for a in "${agents[@]}"; do wait "$a"; done
-echo "both agents exited 0 after one restart of every node; training resumed from the snapshot"
+echo "both agents exited 0: rank 1 was replaced alone and took rank 0's state (no restart, no disk read)"
 kill -TERM $daemon
 wait $daemon && echo "ddprund stopped cleanly"
 trap 'rm -rf "$dir"' EXIT

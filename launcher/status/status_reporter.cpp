@@ -345,6 +345,14 @@ void StatusReporter::healed(double seconds, const std::string& what) {
   ++node_.heals;
   node_.heal_s += seconds;
   node_.last_heal = what;
+  // The trace: a "heal" span from the death to the replacement's first step, inside the run
+  // phase; the open phase stays last, for phase() to close.
+  const double now = status::unix_now();
+  status::Phase heal{"heal", now - std::max(0.0, seconds), now, what};
+  auto at = all_phases_.end();
+  if (!all_phases_.empty() && all_phases_.back().end_unix == 0) --at;
+  all_phases_.insert(at, std::move(heal));
+  if (all_phases_.size() > kMaxTracePhases) all_phases_.erase(all_phases_.begin());
 }
 
 void StatusReporter::store_outage(int count, double total_s, double away_s) {

@@ -135,7 +135,10 @@ def test_same_seed_same_losses(tmp_path):
 def test_kill_and_resume_matches_uninterrupted(tmp_path):
     steps_per_epoch = SUBSET // (2 * 32)  # 32
     fault_step = 40  # mid epoch 1 (0-based), the second epoch
-    common = ["--batch-size", "32", "--lr", "0.1", "--seed", "5", "--no-eval"]
+    # --recovery restart: the whole-job restart from a snapshot (in-place recovery:
+    # test_live_recovery.py).
+    common = ["--batch-size", "32", "--lr", "0.1", "--seed", "5", "--no-eval",
+              "--recovery", "restart"]
     ref = ddprun(2, fm_args(3, 1, tmp_path / "ref.ddp", tmp_path / "ref.json", *common),
                  tmp_path)
     assert ref.returncode == 0, output(ref)

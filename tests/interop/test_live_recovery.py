@@ -35,7 +35,7 @@ def leftovers(tag):
 
 
 def job(tmp_path, name, nodes, nproc, fault=None, recovery="in-place", max_restarts=3,
-        save_every=0):
+        save_every=0, launcher_args=()):
     """Runs `nodes` agents of nproc ranks (standalone for one node, c10d otherwise) to the end;
     returns (exit codes, the agents' stderr together, rank 0's metrics). Asserts that no
     process of the job is left."""
@@ -50,7 +50,7 @@ def job(tmp_path, name, nodes, nproc, fault=None, recovery="in-place", max_resta
         where = [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-id={name}",
                  f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
     argv = [DDPRUN, *where, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "--no-python", *train]
+            *launcher_args, "--no-python", *train]
     env = agent_env({"DDP_TRAIN_FAULT": fault} if fault else {})
     procs, errs = [], []
     for n in range(nodes):
@@ -97,11 +97,21 @@ def assert_healed_equal(codes, text, m, ref, nodes, losses_from=0):
 
 
 def test_one_node_a_killed_rank_heals_and_the_run_is_the_uninterrupted_one(tmp_path, reference):
-    codes, text, m = job(tmp_path, "one", 1, 3, fault="1:20:kill")
+    trace = tmp_path / "trace.json"
+    codes, text, m = job(tmp_path, "one", 1, 3, fault="1:20:kill",
+                         launcher_args=[f"--trace={trace}"])
     assert_healed_equal(codes, text, m, reference[1], 1)
     assert "rank 1 kills itself at step 20" in text
     assert "step 20 dropped, healing in place" in text  # survivors, over shared memory
     assert re.search(r"ddprun: rank 1 \(local_rank 1\), heal 1, healed in \d+\.\d+ s", text)
+    # The trace: the heal is a span of the launcher's, inside the run phase, naming the rank.
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    heals = [e for e in spans if e["name"] == "heal"]
+    assert len(heals) == 1, heals
+    assert "rank 1 (local_rank 1), heal 1" in heals[0]["args"]["detail"], heals
+    run = [e for e in spans if e["name"] == "run"]
+    assert len(run) == 1 and run[0]["ts"] <= heals[0]["ts"], run
+    assert heals[0]["ts"] + heals[0]["dur"] <= run[0]["ts"] + run[0]["dur"], (run, heals)
 
 
 def test_two_nodes_heal_over_the_network(tmp_path, reference):
@@ -188,3 +198,15 @@ def test_two_ranks_at_once_on_two_nodes(tmp_path, reference):
     codes, text, m = job(tmp_path, "pair", 2, 2, fault="1:25:kill,2:25:kill")
     healed_or_restarted(codes, text, m, reference[2], 2)
     assert len(re.findall(r"kills itself at step 25", text)) == 2, text
+
+
+def test_two_ranks_of_one_node_at_once(tmp_path, reference):
+    # Both of node 1's ranks die at one step boundary. Seen together, the agent restarts the job
+    # (torchrun's rule for more than one death); node 0's ranks, already healing, are stopped
+    # while they wait for the new ranks and rank 0 saves the step they held first, so the
+    # restarted job resumes there and loses nothing. Seen one by one, both are healed.
+    codes, text, m = job(tmp_path, "node", 2, 2, fault="2:25:kill,3:25:kill")
+    healed, restarted = healed_or_restarted(codes, text, m, reference[2], 2)
+    if restarted:
+        assert re.search(r"written \((stop signal|a peer failed)\): epoch 0 step 25 ", text), text
+        assert m["resumed_from"] == {"epoch": 0, "step": 25}, (m["resumed_from"], text)

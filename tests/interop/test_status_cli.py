@@ -411,7 +411,7 @@ def test_real_job_as_it_runs_and_restarts(launcher, tmp_path):  # noqa: F811 (fi
               f"--rdzv-endpoint=127.0.0.1:{d.port}", f"--rdzv-id={run}", "--max-restarts=1",
               "--status-interval=0.2", "--no-python", TRAIN, "--dataset", "synthetic",
               "--threads", "1", "--snapshot", "", "--no-eval", "--log-every", "1000",
-              "100000", "0"]  # runs until the test stops it
+              "--recovery", "restart", "100000", "0"]  # runs until the test stops it
     env = {"OMP_NUM_THREADS": "1"}
     agents = [launcher.start(*common, name="nodeA", env=env),
               launcher.start(*common, name="nodeB", env=env)]

@@ -20,7 +20,7 @@ FAULT_STEP = 20
 # that the job runs for seconds and the agents see it running; no snapshot, so the restarted
 # run starts over and the total stays MAX_STEPS.
 WORK = ["--train-subset", "8192", "--batch-size", "1024", "--threads", "1", "--no-eval",
-        "--max-steps", str(MAX_STEPS), "--snapshot", ""]
+        "--max-steps", str(MAX_STEPS), "--snapshot", "", "--recovery", "restart"]
 PROGRESS = re.compile(r"^ddprun: step (\d+)(?:/(\d+))?(?: \| .*)?$", re.M)
 
 

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "ddp/proto/version.hpp"
 #include "ddp/kernels/device.hpp"
@@ -133,8 +136,10 @@ const char* error_type(const std::exception& e) {
 
 // Why this run cannot recover in place ("" when it can): the replicated CPU engine only, with
 // a store that outlives any rank (the agent's).
-std::string in_place_blocker(const ddp::train::TrainOptions& o, const ddp::worker::WorkerEnv& w) {
+std::string in_place_blocker(const ddp::train::TrainOptions& o, const ddp::worker::WorkerEnv& w,
+                             bool under_ddprun) {
   using namespace ddp::train;
+  if (!under_ddprun) return "no ddprun agent to replace a rank alone (DDPRUN_PROGRESS_FD unset)";
   if (!w.use_agent_store) return "the job's store is rank 0's (TORCHELASTIC_USE_AGENT_STORE)";
   if (o.device != Device::cpu) return "--device cuda recovers by a restart for now";
   if (o.sharding != Sharding::none) return "--sharding recovers by a restart for now";
@@ -168,12 +173,13 @@ int main(int argc, char** argv) {
   std::optional<std::string> progress_fd;
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.set_version_flag("--version", ddp::version_line("ddp-train"));
-  std::string recovery = "restart";
+  std::string recovery = "auto";
   app.add_option("--recovery", recovery,
-                 "restart | in-place: under ddprun, a rank that dies is replaced while the others "
-                 "keep their state and heal it from a peer (replicated CPU engine; "
-                 "docs/ddp_train.md)")
-      ->check(CLI::IsMember({"restart", "in-place"}))
+                 "auto | in-place | restart: in-place: under ddprun, a rank that dies is replaced "
+                 "while the others keep their state and heal it from a peer (replicated CPU "
+                 "engine; docs/ddp_train.md); restart: every rank restarts, as under torchrun; "
+                 "auto: in-place where it can, else restart")
+      ->check(CLI::IsMember({"auto", "restart", "in-place"}))
       ->capture_default_str();
   bool gpu_libraries = false;  // for --help only: gpu_libraries_flag() answers it
   app.add_flag("--gpu-libraries", gpu_libraries,
@@ -294,7 +300,7 @@ int main(int argc, char** argv) {
   std::string why;
   worker::ProgressWriter progress = worker::ProgressWriter::from_env(progress_fd, &why);
   if (!why.empty()) std::cerr << "ddp-train: warning: " << why << "; no progress to the agent\n";
-  o.in_place_recovery = recovery == "in-place";
+  o.in_place_recovery = recovery != "restart";
   const int heal = static_cast<int>(knobs::integer("DDPRUN_HEAL", 0, 1 << 20, &env));
 
   worker::WorkerEnv wenv;
@@ -340,18 +346,39 @@ int main(int argc, char** argv) {
       co.route_towards = wenv.master_addr;
       if (auto iface = knobs::text("GLOO_SOCKET_IFNAME", &env)) co.iface = *iface;
       base = wenv.store_prefix() + "/ddp_train";
-      const std::string no_heal = in_place_blocker(o, wenv);
+      const std::string no_heal = in_place_blocker(o, wenv, progress.on());
       const bool in_place = o.in_place_recovery && no_heal.empty();
-      if (o.in_place_recovery && !in_place && wenv.rank == 0) {
+      if (recovery == "in-place" && !in_place && wenv.rank == 0) {  // auto: said in the docs
         std::cerr << "ddp-train: --recovery in-place is off: " << no_heal
                   << "; a failure restarts the job\n";
       }
-      const auto member = [&](int g) {
-        return base + "/member/" + std::to_string(g) + "/" + std::to_string(wenv.rank);
+      const auto member_of = [&](int g, int r) {
+        return base + "/member/" + std::to_string(g) + "/" + std::to_string(r);
       };
-      connect = [&, in_place, member](int g) {
+      const auto member = [&, member_of](int g) { return member_of(g, wenv.rank); };
+      // A heal's generation g > 0: every rank has marked it before the communicator forms. A
+      // stop signal while waiting (the agent restarting the job instead) ends the wait, so the
+      // rank can save and stop.
+      const auto wait_for_members = [&, member_of](int g) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < wenv.world_size; ++r) keys.push_back(member_of(g, r));
+        const auto deadline = std::chrono::steady_clock::now() + co.timeout;
+        while (!co.store->check(keys)) {
+          const std::string gen_name = "generation " + std::to_string(g);
+          if (g_stop_signal.load() != 0) {
+            throw IoError("in-place recovery: a stop signal while waiting for the ranks of " +
+                          gen_name);
+          }
+          if (std::chrono::steady_clock::now() > deadline) {
+            throw IoError("in-place recovery: the ranks of " + gen_name + " did not all come");
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      };
+      connect = [&, in_place, member, wait_for_members](int g) {
         comm.reset();  // first: its sockets close, and peers still blocked on them fail too
         if (in_place) co.store->set(member(g), "1");
+        if (in_place && g > 0) wait_for_members(g);
         co.key_prefix = (g == 0 ? base : base + "/g" + std::to_string(g)) + "/gloo";
         comm = worker::make_gloo_communicator(co);
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).

@@ -422,9 +422,16 @@ bool Run::heal_from(const Error& e) {
   try {
     if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
     got = sync_from_peer(*engine_, *c_.comm, pos_);
-  } catch (const Error&) {
+  } catch (const Error& during) {
     if (c_.progress != nullptr) c_.progress->declare("recover=restart");
-    throw;
+    const int stop = c_.stop_signal != nullptr ? c_.stop_signal->load() : 0;
+    if (stop == 0) throw;
+    std::cerr << "ddp-train rank " << c_.rank << ": the heal stops: " << during.what() << "\n"
+              << std::flush;
+    // The agent restarts the job instead (another death, no restarts left for a heal): the
+    // snapshot at pos_ (the step was dropped, the state is pos_'s), then the stop's exit code.
+    stop_on_signal(stop);
+    return true;
   }
   pos_ = got.at;
   healed_ = true;
