@@ -12,6 +12,7 @@ steps from 0, as DDP_TRAIN_FAULT does.
 Every run is small (the synthetic dataset, or a 2048-sample subset of Fashion-MNIST, a few
 steps), bounded by timeouts, and ends every process it started.
 """
+import collections
 import fcntl
 import os
 import re
@@ -48,6 +49,7 @@ class ProgressJob:
         self.pending = {}
         self.lines = {r: [] for r in range(nproc)}
         self.bad = []
+        self.declared = collections.Counter()  # local rank -> "recover=in_place" lines
         extra = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "3", **(env or {})}
         writes = []
         for r in range(nproc):
@@ -87,6 +89,9 @@ class ProgressJob:
             buf = self.pending[fd] + data
             *whole, self.pending[fd] = buf.split(b"\n")
             for raw in whole:
+                if raw == b"recover=in_place":  # the in-place recovery handshake, once
+                    self.declared[self.reads[fd]] += 1
+                    continue
                 m = LINE.fullmatch(raw.decode())
                 if m is None:
                     self.bad.append(raw)
@@ -187,6 +192,8 @@ def test_each_step_reports_compute_then_allreduce(tmp_path, jobs):
                              str(tmp_path / "s.ddp"), "1", "0"])
     assert job.wait(60) == 0, job.output()
     assert not job.bad, f"lines that are not progress: {job.bad}"
+    # ddp-train under ddprun declares in-place recovery once per rank, when training starts.
+    assert job.declared == {0: 1, 1: 1}, job.declared
     every_step = [(n, p) for n in range(6) for p in ("compute", "allreduce")]
     # Rank 0 writes the end-of-run snapshot at global step 6 (the next step to take).
     assert steps_and_phases(job.lines[0]) == every_step + [(6, "checkpoint")], job.output()

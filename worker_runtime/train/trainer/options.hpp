@@ -60,7 +60,9 @@ struct Fault {
   FaultKind kind = FaultKind::kill;
   double factor = 1.0;  // slow's F
   // Whether this fault is a kill of `kind` at `step` for `rank`.
-  bool kills(FaultKind k, int r, std::int64_t s) const { return kind == k && rank == r && step == s; }
+  bool kills(FaultKind k, int r, std::int64_t s) const {
+    return kind == k && rank == r && step == s;
+  }
 };
 // "" is no fault; else one of the forms above or ConfigError naming DDP_TRAIN_FAULT.
 Fault parse_fault(const std::string& text);
