@@ -11,9 +11,13 @@ steps computed again, bytes read from disk to recover, the survivors' stall (in-
 longest "healed in" of a survivor), and samples/s of the clean runs (in-place against restart:
 the cost of the handshake when nothing fails).
 
+--model convnet and --sharding LEVEL measure those (ddprun's variants only; in place, a sharded
+run keeps its shard copies, so its clean samples/s against restart's is their cost).
+
 Reproduce:
   scripts/loopback_only.sh ~/.cache/ddprun/torch-venv/bin/python bench/recovery_bench.py \\
     --bin build/bin --trials 10 --out /tmp/recovery.json
+  ... add --sharding full, or --model convnet --subset 6000, for the other rows
 """
 import argparse
 import json
@@ -59,7 +63,8 @@ def ddprun_variant(args, work, recovery):
             return [os.path.join(args.bin, "ddprun"), "--nnodes=2", "--nproc-per-node=2",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                     f"--rdzv-id=rb{port}", "--max-restarts=3", "--no-python",
-                    os.path.join(args.bin, "ddp-train"), str(args.epochs), "1", "--model", "mlp",
+                    os.path.join(args.bin, "ddp-train"), str(args.epochs), "1", "--model",
+                    args.model, "--sharding", args.sharding, "--batch-size", str(args.batch),
                     "--train-subset", str(args.subset), "--threads", "1", "--no-eval",
                     "--recovery", recovery, "--snapshot", snap, "--metrics-json", metrics]
         return of
@@ -80,10 +85,17 @@ def ddprun_variant(args, work, recovery):
         stalls = [float(x) for x in re.findall(r"ddp-train rank \d+: healed in ([0-9.e-]+) s", out)]
         return {"wall_s": wall, "samples_per_sec": m.get("samples_per_sec"),
                 "resumed_at": int(resumed.group(1)) if resumed else None,
-                "read_bytes": os.path.getsize(snap) if resumed else 0,
+                "read_bytes": snapshot_bytes(snap) if resumed else 0,
                 "stall_s": max(stalls) if stalls else None,
                 "dropped": len(re.findall(r"dropped, healing in place", out)) > 0}
     return run
+
+
+def snapshot_bytes(path):
+    """A replicated snapshot's size, or a sharded one's (its index and every rank's file)."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    return os.path.getsize(path)
 
 
 def start_store(bin_dir, work):
@@ -149,7 +161,11 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--skip-torchrun", action="store_true")
+    p.add_argument("--model", default="mlp", choices=["mlp", "convnet"])
+    p.add_argument("--sharding", default="none", choices=["none", "optimizer", "gradients", "full"],
+                   help="ddp-train's --sharding (in place: with its shard copies)")
+    p.add_argument("--skip-torchrun", action="store_true",
+                   help="also implied by a model or sharding the PyTorch script does not have")
     p.add_argument("--out")
     args = p.parse_args()
     if not 1 <= args.trials <= 100:
@@ -159,7 +175,7 @@ def main():
     work = tempfile.mkdtemp(prefix="recovery-bench-")
     variants = {"ddprun in-place": ddprun_variant(args, work, "in-place"),
                 "ddprun whole-job restart": ddprun_variant(args, work, "restart")}
-    if not args.skip_torchrun:
+    if not args.skip_torchrun and args.model == "mlp" and args.sharding == "none":
         variants["torchrun 2.x, checkpoint every epoch"] = torchrun_variant(args, work)
     rows = {name: [] for name in variants}
     for t in range(args.trials):

@@ -27,6 +27,7 @@ namespace {
 // Slot prefixes of our own collectives, apart from Gloo's (0x01-0x08 in gloo/types.h).
 constexpr std::uint8_t kReduceScatterSlotPrefix = 0x41;
 constexpr std::uint8_t kAllgathervSlotPrefix = 0x42;
+constexpr std::uint8_t kExchangeSlotPrefix = 0x43;
 // The reduce-scatter's message size: each part travels in segments of this many floats, two
 // segments per peer in flight, so the sum of one overlaps the transfer of the next.
 constexpr std::size_t kSegment = std::size_t{1} << 18;
@@ -182,6 +183,42 @@ class GlooCommunicator final : public Communicator {
       const auto timeout = context_->getTimeout();
       for (int i = 0; i < recvs; ++i) expect_done(buf->waitRecv(timeout), "receive");
       for (int i = 0; i < sends; ++i) expect_done(src->waitSend(timeout), "send");
+    });
+  }
+
+  void exchange(const void* send, std::size_t send_bytes, int to, void* recv,
+                std::size_t recv_bytes, int from) override {
+    for (const int peer : {to, from}) {
+      if (peer < -1 || peer >= size_) {
+        throw ConfigError("exchange: rank " + std::to_string(peer) + " is not in a world of " +
+                          std::to_string(size_));
+      }
+    }
+    const bool sends = to >= 0 && send_bytes != 0;
+    const bool receives = from >= 0 && recv_bytes != 0;
+    if (sends && to == rank_) {  // to itself: a copy (then it is also `from`)
+      if (!receives || from != rank_ || recv_bytes != send_bytes) {
+        throw ConfigError("exchange: a send to itself is received by itself, the same size");
+      }
+      std::memmove(recv, send, send_bytes);
+      next_tag();  // the tags stay in step with the ranks that did transfer
+      return;
+    }
+    run("exchange", send_bytes + recv_bytes, [&] {
+      const std::uint64_t slot = gloo::Slot::build(kExchangeSlotPrefix, next_tag());
+      std::unique_ptr<gloo::transport::UnboundBuffer> in;
+      std::unique_ptr<gloo::transport::UnboundBuffer> out;
+      if (receives) {
+        in = context_->createUnboundBuffer(recv, recv_bytes);
+        in->recv(from, slot, 0, recv_bytes);
+      }
+      if (sends) {
+        out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
+        out->send(to, slot, 0, send_bytes);
+      }
+      const auto timeout = context_->getTimeout();
+      if (in) expect_done(in->waitRecv(timeout), "receive");
+      if (out) expect_done(out->waitSend(timeout), "send");
     });
   }
 

@@ -151,6 +151,10 @@ class ShmCommunicator final : public Communicator {
     base_->broadcast(data, bytes, root);
   }
   void barrier() override { base_->barrier(); }
+  void exchange(const void* send, std::size_t send_bytes, int to, void* recv,
+                std::size_t recv_bytes, int from) override {
+    base_->exchange(send, send_bytes, to, recv, recv_bytes, from);
+  }
   void all_gather(const void* in, void* out, std::size_t bytes) override {
     base_->all_gather(in, out, bytes);
   }

@@ -1,6 +1,8 @@
 // Starting from and writing snapshots (see checkpoint.hpp).
 #include "checkpoint.hpp"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -10,6 +12,7 @@
 
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
+#include "shard_copies.hpp"
 #include "shard_snapshot.hpp"
 
 namespace ddp::train {
@@ -109,6 +112,44 @@ PeerState sync_from_peer(Engine& e, worker::Communicator& comm, std::optional<Po
   e.upload();
   opt.set_steps(head[3]);
   return {Position{head[0], head[1], head[2]}, from};
+}
+
+namespace {
+
+// Floats of rank q's shard with its optimizer state.
+std::size_t shard_floats(const ShardLayout& l, const Optimizer& opt, int q) {
+  std::size_t n = 0;
+  for (const auto& c : l.counts) n += c[static_cast<std::size_t>(q)];
+  return n * static_cast<std::size_t>(1 + state_pieces(opt));
+}
+
+}  // namespace
+
+void keep_shard_copy(Engine& e, worker::Communicator& comm, ShardCopies& copies,
+                     const Position& at) {
+  const ShardLayout& l = *e.shard_layout();
+  const Optimizer& opt = e.optimizer();
+  const float* p = e.shard_params();
+  std::vector<float> state(p, p + l.shard_size);
+  state.insert(state.end(), opt.state().begin(), opt.state().end());
+  const int prev = (comm.rank() + comm.size() - 1) % comm.size();
+  copies.keep(comm, {at.epoch, at.step, at.global_step, opt.steps()}, std::move(state),
+              shard_floats(l, opt, prev));
+}
+
+PeerState heal_shards(Engine& e, worker::Communicator& comm, ShardCopies& copies,
+                      bool replacement) {
+  const ShardLayout& l = *e.shard_layout();
+  Optimizer& opt = e.optimizer();
+  ShardCopies::Healed got = copies.heal(comm, replacement, shard_floats(l, opt, comm.rank()));
+  std::copy_n(got.state.data(), l.shard_size, e.shard_params());
+  std::copy(got.state.begin() + static_cast<std::ptrdiff_t>(l.shard_size), got.state.end(),
+            opt.state().begin());
+  opt.set_steps(got.head[3]);
+  e.upload();  // the replicated levels gather the full parameters (collective)
+  const Position at{got.head[0], got.head[1], got.head[2]};
+  keep_shard_copy(e, comm, copies, at);  // the replacement's copies, over the new communicator
+  return {at, got.from};
 }
 
 namespace {

@@ -46,6 +46,18 @@ struct PeerState {
 };
 PeerState sync_from_peer(Engine& engine, worker::Communicator& comm, std::optional<Position> mine);
 
+// Sharded engines' in-place recovery (shard_copies.hpp). keep_shard_copy: this rank's shard
+// and its optimizer state at `at` become its own copy and go to its successor (collective).
+// heal_shards, over the communicator rebuilt after a death (collective): every rank takes its
+// shard at the last copy's step (a survivor its own copy, a replacement its successor's),
+// then the copies are taken again. ProtocolError when a shard has no copy (then the job
+// restarts from its last snapshot).
+class ShardCopies;
+void keep_shard_copy(Engine& engine, worker::Communicator& comm, ShardCopies& copies,
+                     const Position& at);
+PeerState heal_shards(Engine& engine, worker::Communicator& comm, ShardCopies& copies,
+                      bool replacement);
+
 // Writes the snapshot at `at` (the engine's current parameters and state). Replicated engines:
 // rank 0 only (others return at once). Sharded engines: collective.
 void save_snapshot(Engine& engine, const TrainOptions& o, const TrainContext& c,

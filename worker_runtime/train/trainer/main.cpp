@@ -134,15 +134,17 @@ const char* error_type(const std::exception& e) {
 
 }  // namespace
 
-// Why this run cannot recover in place ("" when it can): the replicated CPU engine only, with
-// a store that outlives any rank (the agent's).
+// Why this run cannot recover in place ("" when it can): the CPU engines (sharded ones with
+// their shard copies) under a ddprun agent, with a store that outlives any rank (the agent's).
 std::string in_place_blocker(const ddp::train::TrainOptions& o, const ddp::worker::WorkerEnv& w,
                              bool under_ddprun) {
   using namespace ddp::train;
   if (!under_ddprun) return "no ddprun agent to replace a rank alone (DDPRUN_PROGRESS_FD unset)";
   if (!w.use_agent_store) return "the job's store is rank 0's (TORCHELASTIC_USE_AGENT_STORE)";
   if (o.device != Device::cpu) return "--device cuda recovers by a restart for now";
-  if (o.sharding != Sharding::none) return "--sharding recovers by a restart for now";
+  if (o.sharding != Sharding::none && o.shard_copy_every == 0) {
+    return "--sharding with --shard-copy-every 0 keeps no copy of a rank's shard";
+  }
   if (o.model == ModelKind::llama) return "--model llama recovers by a restart for now";
   return "";
 }
@@ -180,6 +182,10 @@ int main(int argc, char** argv) {
                  "engine; docs/ddp_train.md); restart: every rank restarts, as under torchrun; "
                  "auto: in-place where it can, else restart")
       ->check(CLI::IsMember({"auto", "restart", "in-place"}))
+      ->capture_default_str();
+  app.add_option("--shard-copy-every", o.shard_copy_every,
+                 "with --sharding, healing in place: each rank's shard is copied to its "
+                 "successor every K steps (0: no copies, a death restarts the job)")
       ->capture_default_str();
   bool gpu_libraries = false;  // for --help only: gpu_libraries_flag() answers it
   app.add_flag("--gpu-libraries", gpu_libraries,

@@ -233,6 +233,10 @@ void validate(const TrainOptions& o) {
     throw ConfigError("--bucket-cap-mb must be in (0, 4096]");
   }
   if (o.max_steps < 0) throw ConfigError("--max-steps must be >= 0");
+  if (o.shard_copy_every < 0 || o.shard_copy_every > 1000000) {
+    throw ConfigError("--shard-copy-every must be in [0, 1000000], not " +
+                      std::to_string(o.shard_copy_every));
+  }
   if (o.precision == Precision::bf16 && o.device != Device::cuda) {
     throw ConfigError("--precision bf16 needs --device cuda (the CPU path computes in fp32)");
   }

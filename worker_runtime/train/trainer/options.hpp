@@ -117,7 +117,10 @@ struct TrainOptions {
   Precision precision = Precision::fp32;  // bf16: cuda only
   Sharding sharding = Sharding::none;     // --sharding
   bool in_place_recovery = false;         // --recovery in-place (docs/ddp_train.md)
-  bool prefetch = true;                   // --no-prefetch turns full sharding's prefetch off
+  // --shard-copy-every K: sharded engines healing in place keep each rank's shard on its
+  // successor, refreshed every K steps (0: no copies, a death restarts the job).
+  std::int64_t shard_copy_every = 1;
+  bool prefetch = true;  // --no-prefetch turns full sharding's prefetch off
   // --model llama (issue 20): the transformer's sizes, the mesh, the text.
   LmConfig lm;
   std::string mesh;  // --mesh "dp=D,tp=T" ("": dp = world)

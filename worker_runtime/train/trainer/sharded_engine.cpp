@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -64,10 +65,9 @@ class ShardedEngine final : public Engine, private LayerMemory {
       model_.set_memory(this);
     }
     if (level_ == Sharding::optimizer && comm_ != nullptr) {
-      reducer_ = std::make_unique<GradReducer>(
-          comm_, model_.grads().data(),
-          plan_buckets(model_, std::size_t{1} << 20,
-                       static_cast<std::size_t>(bucket_cap_mb * 1024 * 1024)));
+      buckets_ = plan_buckets(model_, std::size_t{1} << 20,
+                              static_cast<std::size_t>(bucket_cap_mb * 1024 * 1024));
+      reducer_ = std::make_unique<GradReducer>(comm_, model_.grads().data(), buckets_);
     }
     add((p_.size() + g_.size() + opt_.state().size() + model_.params().size() +
          model_.grads().size()) *
@@ -151,6 +151,31 @@ class ShardedEngine final : public Engine, private LayerMemory {
     const double loss = loss_;
     loss_ = 0.0;
     return loss;
+  }
+
+  // In-place recovery: the collective thread and the reducer go first (they may hold the old
+  // communicator), then what the dropped step left (gathered layers, gradients, its loss). The
+  // shard itself is restored by the trainer from the copies (heal_shards, checkpoint.hpp).
+  bool heal(const std::function<worker::Communicator*()>& reconnect) override {
+    tasks_.reset();
+    reducer_.reset();
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      sub(units_[k].size() * sizeof(float));
+      std::vector<float>().swap(units_[k]);
+      sub(gbuf_[k].size() * sizeof(float));
+      std::vector<float>().swap(gbuf_[k]);
+    }
+    std::fill(unit_ticket_.begin(), unit_ticket_.end(), 0);
+    std::fill(rs_ticket_.begin(), rs_ticket_.end(), 0);
+    std::fill(g_.begin(), g_.end(), 0.0f);
+    if (level_ == Sharding::optimizer) model_.zero_grads();
+    loss_ = 0.0;
+    tasks_ = std::make_unique<CommThread>();
+    comm_ = reconnect();
+    if (level_ == Sharding::optimizer) {
+      reducer_ = std::make_unique<GradReducer>(comm_, model_.grads().data(), buckets_);
+    }
+    return true;
   }
 
   const float* predict(const float* x, std::size_t rows) override {
@@ -282,6 +307,7 @@ class ShardedEngine final : public Engine, private LayerMemory {
   std::vector<std::vector<float>> gbuf_;  // gradients / full: a layer's unsharded gradients
   std::vector<std::uint64_t> rs_ticket_;  // their reduce-scatters posted this step
   static constexpr std::size_t kGradsInFlight = 2;
+  std::vector<Bucket> buckets_;           // optimizer: the reducer's plan, kept for a heal
   std::unique_ptr<GradReducer> reducer_;  // optimizer: DDP's bucketed all-reduce
   std::unique_ptr<CommThread> tasks_ = std::make_unique<CommThread>();
   bool sync_ = true;

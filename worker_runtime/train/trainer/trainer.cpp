@@ -20,6 +20,7 @@
 #include "ddp/worker/progress.hpp"
 #include "engine.hpp"
 #include "checkpoint.hpp"
+#include "shard_copies.hpp"
 #include "model.hpp"
 #include "report.hpp"
 #include "sampler.hpp"
@@ -86,7 +87,8 @@ class Run {
   Dataset train_;
   Dataset test_;
   std::unique_ptr<Engine> engine_;
-  Model& model_;  // the host copy (engine.hpp)
+  std::unique_ptr<ShardCopies> copies_;  // sharded, in place: the shard copies
+  Model& model_;                         // the host copy (engine.hpp)
   Optimizer& opt_;
   Position start_;
   bool resumed_ = false;
@@ -205,10 +207,15 @@ void Run::announce() {
 
 int Run::go() {
   load_data();
+  if (engine_->shard_layout() != nullptr && c_.reconnect && o_.shard_copy_every > 0 &&
+      c_.comm != nullptr) {
+    copies_ = std::make_unique<ShardCopies>();
+  }
   if (c_.heal > 0 && c_.reconnect) {
     join_as_replacement();
   } else {
     resume_or_init();
+    if (copies_) keep_shard_copy(*engine_, *c_.comm, *copies_, start_);
   }
   announce();
   pos_ = start_;
@@ -269,6 +276,9 @@ void Run::run_epoch(std::int64_t epoch) {
     mb = group_end;
     ++steps_this_run_;
     pos_ = {epoch, mb, pos_.global_step + 1};
+    if (copies_ && pos_.global_step % o_.shard_copy_every == 0) {
+      keep_shard_copy(*engine_, *c_.comm, *copies_, pos_);
+    }
     last_loss_ = *step_loss / group;
     loss.sum += last_loss_;
     if (step_losses_.size() < 100000) step_losses_.push_back(last_loss_);
@@ -366,7 +376,7 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
       stop_on_signal(c_.stop_signal->load(), !sharded);
       return std::nullopt;
     }
-    if (c_.reconnect && !sharded && heal_from(e)) return std::nullopt;
+    if (c_.reconnect && (!sharded || copies_) && heal_from(e)) return std::nullopt;
     if (!sharded) {
       save(pos_, "a peer failed");
     } else if (leader()) {
@@ -421,7 +431,8 @@ bool Run::heal_from(const Error& e) {
   PeerState got;
   try {
     if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
-    got = sync_from_peer(*engine_, *c_.comm, pos_);
+    got = copies_ ? heal_shards(*engine_, *c_.comm, *copies_, false)
+                  : sync_from_peer(*engine_, *c_.comm, pos_);
   } catch (const Error& during) {
     if (c_.progress != nullptr) c_.progress->declare("recover=restart");
     const int stop = c_.stop_signal != nullptr ? c_.stop_signal->load() : 0;
@@ -430,9 +441,15 @@ bool Run::heal_from(const Error& e) {
               << std::flush;
     // The agent restarts the job instead (another death, no restarts left for a heal): the
     // snapshot at pos_ (the step was dropped, the state is pos_'s), then the stop's exit code.
-    stop_on_signal(stop);
+    stop_on_signal(stop, !copies_);  // a sharded snapshot needs every rank's communicator
     return true;
   }
+  // A survivor that went back to an older copy (--shard-copy-every K > 1) forgets the steps it
+  // takes again.
+  const std::int64_t undone = std::max<std::int64_t>(0, pos_.global_step - got.at.global_step);
+  step_losses_.resize(step_losses_.size() -
+                      std::min(step_losses_.size(), static_cast<std::size_t>(undone)));
+  steps_this_run_ -= std::min(steps_this_run_, undone);
   pos_ = got.at;
   healed_ = true;
   std::cerr << "ddp-train rank " << c_.rank << ": healed in "
@@ -445,7 +462,8 @@ bool Run::heal_from(const Error& e) {
 
 // This process replaces a rank that died: the state comes from a survivor, not from disk.
 void Run::join_as_replacement() {
-  const PeerState got = sync_from_peer(*engine_, *c_.comm, std::nullopt);
+  const PeerState got = copies_ ? heal_shards(*engine_, *c_.comm, *copies_, true)
+                                : sync_from_peer(*engine_, *c_.comm, std::nullopt);
   start_ = got.at;
   resumed_ = true;
   std::cerr << "ddp-train rank " << c_.rank << ": replacement (heal " << c_.heal << "): rank "

@@ -55,6 +55,18 @@ class Communicator {
   // in == out + offset(r).
   virtual void all_gather_v(const float* in, float* out,
                             const std::vector<std::size_t>& counts) = 0;
+
+  // Point to point, collective in form (every rank calls it, in order with the others): this
+  // rank sends send_bytes from `send` to rank `to` and receives recv_bytes into `recv` from rank
+  // `from`; -1 (or 0 bytes) for none. The sizes must match the peers' (a receive of 0 bytes
+  // when the sender sends none). In-place recovery's shard copies use it. Host memory; the
+  // default (a backend without it) throws ddp::ConfigError.
+  virtual void exchange(const void* send, std::size_t send_bytes, int to, void* recv,
+                        std::size_t recv_bytes, int from) {
+    (void)send, (void)send_bytes, (void)to, (void)recv, (void)recv_bytes, (void)from;
+    throw ConfigError(std::string("exchange: the ") + backend() +
+                      " communicator has no point-to-point transfer");
+  }
 };
 
 // counts for `total` elements cut into `world` parts, as even as can be: the first
