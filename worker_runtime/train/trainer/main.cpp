@@ -178,9 +178,9 @@ int main(int argc, char** argv) {
   std::string recovery = "auto";
   app.add_option("--recovery", recovery,
                  "auto | in-place | restart: in-place: under ddprun, a rank that dies is replaced "
-                 "while the others keep their state and heal it from a peer (replicated CPU "
-                 "engine; docs/ddp_train.md); restart: every rank restarts, as under torchrun; "
-                 "auto: in-place where it can, else restart")
+                 "while the others keep their state and heal it from a peer (CPU engines; "
+                 "docs/ddp_train.md); restart: every rank restarts, as under torchrun; auto: "
+                 "in-place for the replicated CPU engine, else restart")
       ->check(CLI::IsMember({"auto", "restart", "in-place"}))
       ->capture_default_str();
   app.add_option("--shard-copy-every", o.shard_copy_every,
@@ -306,7 +306,11 @@ int main(int argc, char** argv) {
   std::string why;
   worker::ProgressWriter progress = worker::ProgressWriter::from_env(progress_fd, &why);
   if (!why.empty()) std::cerr << "ddp-train: warning: " << why << "; no progress to the agent\n";
-  o.in_place_recovery = recovery != "restart";
+  // auto: the replicated engine heals in place; a sharded one only when asked (--recovery
+  // in-place), since its shard copies cost two more shards of memory per rank and who shards
+  // does so for memory (docs/decisions.md).
+  o.in_place_recovery =
+      recovery == "in-place" || (recovery == "auto" && o.sharding == train::Sharding::none);
   const int heal = static_cast<int>(knobs::integer("DDPRUN_HEAL", 0, 1 << 20, &env));
 
   worker::WorkerEnv wenv;

@@ -1,0 +1,163 @@
+"""node_loss_bench: a whole node lost in an elastic job (issue 34, docs/perf.md): the time from
+the node's death (its agent and its workers SIGKILLed together) until the surviving nodes train
+again, and how many steps they compute again.
+
+Each trial: ddprund on loopback as the store, 3 ddprun agents (--nnodes 2:3, 2 ranks each,
+ddp-train's MLP on Fashion-MNIST, a snapshot every epoch, --log-every 1 so rank 0 prints every
+step); once rank 0 has printed step --kill-after of the second epoch, node 2's agent and
+workers are SIGKILLed at once (the agent leads a process group of its own). Measured on
+node 0's output, as it arrives: the death until its first step line after the job re-formed
+(the survivors train again), and the steps between the death and the step they resumed from.
+Each agent keeps ddprun's defaults (keep-alive 5 s x 3 attempts) unless --rdzv-conf is given.
+
+Reproduce:
+  scripts/loopback_only.sh python3 bench/node_loss_bench.py --bin build/bin --trials 5 \\
+    --out /tmp/node_loss.json
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+STEP = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
+RESUMED = re.compile(r"resuming from snapshot .*\(global step (\d+)\)")
+
+
+class Agent:
+    """One ddprun agent (a node): its lines with their arrival times."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     text=True, start_new_session=True)
+        self.lines = []  # (monotonic time, line)
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self.read, daemon=True)
+        self.reader.start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            with self.lock:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.lines)
+
+    def kill_node(self):
+        """The agent and its workers at once: its process group."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def stop(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+
+def start_store(bin_dir, work):
+    port_file = os.path.join(work, "ddprund.port")
+    proc = subprocess.Popen([os.path.join(bin_dir, "ddprund"), "--port", "0", "--port-file",
+                             port_file, "--http-port", "-1"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(port_file) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return proc, int(open(port_file).read())
+
+
+def trial(args, work, n):
+    store, port = start_store(args.bin, work)
+    snap = os.path.join(work, f"t{n}.ddp")
+    argv = [os.path.join(args.bin, "ddprun"), "--nnodes=2:3", "--nproc-per-node=2",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=nl{n}",
+            "--max-restarts=3", *([f"--rdzv-conf={args.rdzv_conf}"] if args.rdzv_conf else []),
+            "--no-python", os.path.join(args.bin, "ddp-train"), str(args.epochs), "1",
+            "--model", "mlp", "--train-subset", str(args.subset), "--threads", "1",
+            "--no-eval", "--log-every", "1", "--snapshot", snap]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    agents = []
+    try:
+        for _ in range(3):
+            agents.append(Agent(argv, env))
+            time.sleep(0.2)
+        killed_at = None
+        deadline = time.monotonic() + args.timeout
+        while killed_at is None and time.monotonic() < deadline:
+            for _, line in agents[0].snapshot():
+                m = STEP.search(line)
+                if m and int(m.group(1)) == 2 and int(m.group(2)) >= args.kill_after:
+                    agents[2].kill_node()
+                    killed_at = time.monotonic()
+                    break
+            time.sleep(0.005)
+        if killed_at is None:
+            raise RuntimeError("the kill point never came:\n" +
+                               "\n".join(l for _, l in agents[0].snapshot()[-30:]))
+        before = [l for t, l in agents[0].snapshot() if t <= killed_at]
+        last_step = max(int(m.group(2)) for m in (STEP.search(l) for l in before) if m)
+        codes = [a.stop(args.timeout) for a in agents[:2]]
+        lines = agents[0].snapshot()
+        text = "\n".join(l for _, l in lines)
+        if codes != [0, 0]:
+            raise RuntimeError(f"survivors exited {codes}:\n{text[-3000:]}")
+        # The job re-formed: the first step line after the new workers' first line.
+        restart = next((i for i, (t, l) in enumerate(lines)
+                        if t > killed_at and ("resuming from snapshot" in l or
+                                              "ddp-train: mlp (" in l)), None)
+        again = next(t for t, l in lines[restart:] if STEP.search(l))
+        resumed = RESUMED.findall(text)
+        per_epoch = int(STEP.search(before[-1]).group(3)) if before else 0
+        redo = (per_epoch + last_step - int(resumed[-1])) if resumed else None
+        return {"train_again_s": again - killed_at, "steps_redone": redo,
+                "killed_at_step": last_step,
+                "died_seen": "died or stopped answering" in text}
+    finally:
+        for a in agents:
+            if a.proc.poll() is None:
+                os.killpg(a.proc.pid, signal.SIGKILL)
+                a.proc.wait()
+        store.terminate()
+        store.wait()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bin", default="build/bin")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--subset", type=int, default=12000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--kill-after", type=int, default=20, help="a step of the second epoch")
+    p.add_argument("--rdzv-conf", default="", help="passed to every agent (liveness settings)")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--out")
+    args = p.parse_args()
+    if not 1 <= args.trials <= 50:
+        p.error("--trials must be in [1, 50]")
+    work = tempfile.mkdtemp(prefix="node-loss-bench-")
+    rows = []
+    for n in range(args.trials):
+        rows.append(trial(args, work, n))
+        print(f"trial {n + 1}/{args.trials}: {rows[-1]}", file=sys.stderr, flush=True)
+    again = [r["train_again_s"] for r in rows]
+    summary = {"train_again_s_median": statistics.median(again), "train_again_s_min": min(again),
+               "train_again_s_max": max(again),
+               "steps_redone_median": statistics.median(
+                   [r["steps_redone"] for r in rows if r["steps_redone"] is not None] or [0]),
+               "rdzv_conf": args.rdzv_conf or "defaults"}
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"summary": summary, "trials": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
