@@ -24,6 +24,7 @@ import json
 import os
 import random
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -66,7 +67,8 @@ def ddprun_variant(args, work, recovery):
                     os.path.join(args.bin, "ddp-train"), str(args.epochs), "1", "--model",
                     args.model, "--sharding", args.sharding, "--batch-size", str(args.batch),
                     "--train-subset", str(args.subset), "--threads", "1", "--no-eval",
-                    "--recovery", recovery, "--snapshot", snap, "--metrics-json", metrics]
+                    "--recovery", recovery, "--snapshot", snap, "--metrics-json", metrics,
+                    "--shard-copy-every", str(args.shard_copy_every)]
         return of
 
     def run(kill):
@@ -75,6 +77,7 @@ def ddprun_variant(args, work, recovery):
         for f in (snap, metrics):
             if os.path.exists(f):
                 os.remove(f)
+        shutil.rmtree(snap + ".shards", ignore_errors=True)
         env = dict(os.environ)
         if kill:
             env["DDP_TRAIN_FAULT"] = f"{kill[0]}:{kill[1]}:kill"
@@ -85,17 +88,20 @@ def ddprun_variant(args, work, recovery):
         stalls = [float(x) for x in re.findall(r"ddp-train rank \d+: healed in ([0-9.e-]+) s", out)]
         return {"wall_s": wall, "samples_per_sec": m.get("samples_per_sec"),
                 "resumed_at": int(resumed.group(1)) if resumed else None,
-                "read_bytes": snapshot_bytes(snap) if resumed else 0,
+                "read_bytes": snapshot_bytes(snap, int(resumed.group(1))) if resumed else 0,
                 "stall_s": max(stalls) if stalls else None,
                 "dropped": len(re.findall(r"dropped, healing in place", out)) > 0}
     return run
 
 
-def snapshot_bytes(path):
-    """A replicated snapshot's size, or a sharded one's (its index and every rank's file)."""
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-    return os.path.getsize(path)
+def snapshot_bytes(path, resumed_step):
+    """What a resume reads: a replicated snapshot, or a sharded one's index and every rank's
+    file of that step (<path>.shards/step-<global step>/)."""
+    total = os.path.getsize(path)
+    shards = f"{path}.shards/step-{resumed_step}"
+    if os.path.isdir(shards):
+        total += sum(os.path.getsize(os.path.join(shards, f)) for f in os.listdir(shards))
+    return total
 
 
 def start_store(bin_dir, work):
@@ -164,6 +170,7 @@ def main():
     p.add_argument("--model", default="mlp", choices=["mlp", "convnet"])
     p.add_argument("--sharding", default="none", choices=["none", "optimizer", "gradients", "full"],
                    help="ddp-train's --sharding (in place: with its shard copies)")
+    p.add_argument("--shard-copy-every", type=int, default=1, help="ddp-train's, with --sharding")
     p.add_argument("--skip-torchrun", action="store_true",
                    help="also implied by a model or sharding the PyTorch script does not have")
     p.add_argument("--out")
