@@ -98,8 +98,14 @@ def snapshot_bytes(path, resumed_step):
     """What a resume reads: a replicated snapshot, or a sharded one's index and every rank's
     file of that step (<path>.shards/step-<global step>/)."""
     total = os.path.getsize(path)
-    shards = f"{path}.shards/step-{resumed_step}"
-    if os.path.isdir(shards):
+    folder = f"{path}.shards"
+    if os.path.isdir(folder):
+        # The run ends with a snapshot of its own, which replaces the step it resumed from:
+        # every step's files are the same size, so the folder's one step stands for it.
+        steps = sorted(os.listdir(folder))
+        shards = os.path.join(folder, f"step-{resumed_step}")
+        if not os.path.isdir(shards) and steps:
+            shards = os.path.join(folder, steps[-1])
         total += sum(os.path.getsize(os.path.join(shards, f)) for f in os.listdir(shards))
     return total
 
