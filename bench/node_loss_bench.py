@@ -102,8 +102,11 @@ def trial(args, work, n):
         if killed_at is None:
             raise RuntimeError("the kill point never came:\n" +
                                "\n".join(l for _, l in agents[0].snapshot()[-30:]))
-        before = [l for t, l in agents[0].snapshot() if t <= killed_at]
-        last_step = max(int(m.group(2)) for m in (STEP.search(l) for l in before) if m)
+        before = [m for m in (STEP.search(l) for t, l in agents[0].snapshot() if t <= killed_at)
+                  if m]
+        last = before[-1]  # rank 0's last step line before the death: epoch, step, steps
+        per_epoch = int(last.group(3))
+        killed_global = (int(last.group(1)) - 1) * per_epoch + int(last.group(2))
         codes = [a.stop(args.timeout) for a in agents[:2]]
         lines = agents[0].snapshot()
         text = "\n".join(l for _, l in lines)
@@ -115,10 +118,14 @@ def trial(args, work, n):
                                               "ddp-train: mlp (" in l)), None)
         again = next(t for t, l in lines[restart:] if STEP.search(l))
         resumed = RESUMED.findall(text)
-        per_epoch = int(STEP.search(before[-1]).group(3)) if before else 0
-        redo = (per_epoch + last_step - int(resumed[-1])) if resumed else None
+        redo = (killed_global - int(resumed[-1])) if resumed else None
+        if again - killed_at > args.keep_log_over:  # a slow one: keep what the survivors said
+            with open(os.path.join(work, f"slow-trial-{n}.log"), "w") as f:
+                f.write("\n".join(f"{t - killed_at:+.3f} {l}" for t, l in
+                                   agents[0].snapshot() + agents[1].snapshot()))
         return {"train_again_s": again - killed_at, "steps_redone": redo,
-                "killed_at_step": last_step,
+                "killed_at_global_step": killed_global,
+                "resumed_at": int(resumed[-1]) if resumed else None,
                 "died_seen": "died or stopped answering" in text}
     finally:
         for a in agents:
@@ -138,6 +145,8 @@ def main():
     p.add_argument("--kill-after", type=int, default=20, help="a step of the second epoch")
     p.add_argument("--rdzv-conf", default="", help="passed to every agent (liveness settings)")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--keep-log-over", type=float, default=10.0,
+                   help="seconds: a slower trial's output is kept in the work folder")
     p.add_argument("--out")
     args = p.parse_args()
     if not 1 <= args.trials <= 50:
