@@ -26,6 +26,8 @@ import tempfile
 import threading
 import time
 
+from recovery_bench import start_store  # a fresh ddprund on an OS-chosen port
+
 STEP = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
 RESUMED = re.compile(r"resuming from snapshot .*\(global step (\d+)\)")
 
@@ -61,17 +63,6 @@ class Agent:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             return self.proc.wait()
-
-
-def start_store(bin_dir, work):
-    port_file = os.path.join(work, "ddprund.port")
-    proc = subprocess.Popen([os.path.join(bin_dir, "ddprund"), "--port", "0", "--port-file",
-                             port_file, "--http-port", "-1"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(port_file) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return proc, int(open(port_file).read())
 
 
 def trial(args, work, n):

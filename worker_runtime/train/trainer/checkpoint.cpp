@@ -1,8 +1,13 @@
-// Starting from and writing snapshots (see checkpoint.hpp).
+// Starting from and writing snapshots, and in-place recovery's state (see checkpoint.hpp); then
+// the training run's own snapshot, stop and heal steps (Run's, run.hpp).
 #include "checkpoint.hpp"
 
 #include <algorithm>
 #include <cstddef>
+#include <csignal>
+#include <thread>
+#include <iostream>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -12,6 +17,7 @@
 
 #include "ddp/proto/error.hpp"
 #include "ddp/worker/comm.hpp"
+#include "run.hpp"
 #include "shard_copies.hpp"
 #include "shard_snapshot.hpp"
 
@@ -142,6 +148,11 @@ PeerState heal_shards(Engine& e, worker::Communicator& comm, ShardCopies& copies
   const ShardLayout& l = *e.shard_layout();
   Optimizer& opt = e.optimizer();
   ShardCopies::Healed got = copies.heal(comm, replacement, shard_floats(l, opt, comm.rank()));
+  if (got.state.size() != l.shard_size + opt.state().size()) {
+    throw ProtocolError("in-place recovery: rank " + std::to_string(got.from) + " sent " +
+                        std::to_string(got.state.size()) + " floats for a shard of " +
+                        std::to_string(l.shard_size + opt.state().size()));
+  }
   std::copy_n(got.state.data(), l.shard_size, e.shard_params());
   std::copy(got.state.begin() + static_cast<std::ptrdiff_t>(l.shard_size), got.state.end(),
             opt.state().begin());
@@ -258,5 +269,135 @@ void commit_on_rank0(const TrainContext& c, const std::function<void()>& commit,
                   "be in a folder rank 0 sees)");
   }
 }
+
+// A run's snapshots, stops and heals (run.hpp; the loop that calls them is trainer.cpp's).
+namespace detail {
+
+void Run::resume_or_init() {
+  if (auto at = load_or_init(*engine_, o_, c_)) {
+    resumed_ = true;
+    start_ = *at;
+    last_saved_ = start_;
+    if (leader()) {
+      out() << "ddp-train: resuming from snapshot " << o_.snapshot << ": epoch " << start_.epoch
+            << " step " << start_.step << " (global step " << start_.global_step << ")\n"
+            << std::flush;
+    }
+  }
+}
+
+// Replicated: rank 0 writes. Sharded: every rank writes its shard, at the same positions (the
+// callers are collective then: step boundaries agree, see agree_at_boundary()).
+void Run::save(const Position& at, const char* why) {
+  const bool sharded = engine_->shard_layout() != nullptr;
+  if ((!leader() && !sharded) || o_.snapshot.empty()) return;
+  if (last_saved_ && *last_saved_ == at) return;
+  phase("checkpoint", at.global_step);
+  if (c_.restart_count == 0 && c_.heal == 0 &&
+      o_.fault.kills(FaultKind::kill_snapshot, c_.rank, at.global_step)) {
+    set_before_commit_hook([&] { injected_kill(out(), c_.rank, at.global_step, " mid-snapshot"); });
+  }
+  save_snapshot(*engine_, o_, c_, at);
+  set_before_commit_hook(nullptr);  // unused when this rank wrote nothing
+  last_saved_ = at;
+  if (leader()) {
+    out() << "ddp-train: " << (sharded ? "sharded " : "") << "snapshot " << o_.snapshot
+          << " written (" << why << "): epoch " << at.epoch << " step " << at.step
+          << " global step " << at.global_step << "\n"
+          << std::flush;
+  }
+}
+
+// After a peer vanished mid-step: whether this rank is being stopped too. scancel signals the
+// nodes one after another, so a peer may stop at a step boundary before our own signal has
+// arrived; it is given a second to arrive before the peer's exit counts as a failure.
+bool Run::being_stopped(std::chrono::milliseconds wait) const {
+  if (c_.stop_signal == nullptr) return false;
+  const auto until = Clock::now() + wait;
+  while (c_.stop_signal->load() == 0) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// A peer died mid-step (in-place recovery): the step is dropped on this rank (the engine
+// zeroes its gradients; no optimizer step ran), the communicators are rebuilt with the dead
+// rank's replacement, and every rank takes the state of the survivor holding the newest step.
+// False when the engine cannot heal (the launcher then restarts the job).
+// A failure during the heal itself (another death) withdraws the declaration first: this rank's
+// exit then restarts the job, as torchrun's would.
+bool Run::heal_from(const Error& e) {
+  const auto t0 = Clock::now();
+  std::cerr << "ddp-train rank " << c_.rank << ": " << e.what() << "; step " << pos_.global_step
+            << " dropped, healing in place\n"
+            << std::flush;
+  phase("heal", pos_.global_step);
+  kill_if(FaultKind::kill_heal, pos_.global_step, " entering the heal");
+  PeerState got;
+  try {
+    if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
+    got = copies_ ? heal_shards(*engine_, *c_.comm, *copies_, false)
+                  : sync_from_peer(*engine_, *c_.comm, pos_);
+  } catch (const Error& during) {
+    if (c_.progress != nullptr) c_.progress->declare("recover=restart");
+    const int stop = c_.stop_signal != nullptr ? c_.stop_signal->load() : 0;
+    if (stop == 0) throw;
+    std::cerr << "ddp-train rank " << c_.rank << ": the heal stops: " << during.what() << "\n"
+              << std::flush;
+    // The agent restarts the job instead (another death, no restarts left for a heal): the
+    // snapshot at pos_ (the step was dropped, the state is pos_'s), then the stop's exit code.
+    stop_on_signal(stop, !copies_);  // a sharded snapshot needs every rank's communicator
+    return true;
+  }
+  // A survivor that went back to an older copy (--shard-copy-every K > 1) forgets the steps it
+  // takes again.
+  const std::int64_t undone = std::max<std::int64_t>(0, pos_.global_step - got.at.global_step);
+  step_losses_.resize(step_losses_.size() -
+                      std::min(step_losses_.size(), static_cast<std::size_t>(undone)));
+  steps_this_run_ -= std::min(steps_this_run_, undone);
+  pos_ = got.at;
+  healed_ = true;
+  std::cerr << "ddp-train rank " << c_.rank << ": healed in "
+            << std::chrono::duration<double>(Clock::now() - t0).count()
+            << " s: going on from global step " << pos_.global_step << " (rank " << got.from
+            << "'s state)\n"
+            << std::flush;
+  return true;
+}
+
+// This process replaces a rank that died: the state comes from a survivor, not from disk.
+void Run::join_as_replacement() {
+  const PeerState got = copies_ ? heal_shards(*engine_, *c_.comm, *copies_, true)
+                                : sync_from_peer(*engine_, *c_.comm, std::nullopt);
+  start_ = got.at;
+  resumed_ = true;
+  std::cerr << "ddp-train rank " << c_.rank << ": replacement (heal " << c_.heal << "): rank "
+            << got.from << "'s state at global step " << start_.global_step << ", no disk read\n"
+            << std::flush;
+}
+
+// A stop signal arrived: the snapshot at pos_, then the run ends with 128 + the signal.
+void Run::stop_on_signal(int signal, bool snapshot) {
+  if (snapshot) save(pos_, "stop signal");
+  exit_code_ = 128 + signal;
+  stopping_ = true;
+}
+
+// Sharded ranks write snapshots together, so they must stop and save at the same step
+// boundary: each boundary they share their stop signal and SIGUSR1 (one small all-gather),
+// and every rank acts on the first rank's signal and on any rank's request.
+void Run::agree_at_boundary(int& stop, bool& save_now) {
+  if (c_.comm == nullptr || c_.world < 2) return;
+  const int mine[2] = {stop, save_now ? 1 : 0};
+  std::vector<int> all(2 * static_cast<std::size_t>(c_.world));
+  c_.comm->all_gather(mine, all.data(), sizeof mine);
+  for (std::size_t r = 0; r < all.size(); r += 2) {
+    if (stop == 0) stop = all[r];
+    save_now = save_now || all[r + 1] != 0;
+  }
+}
+
+}  // namespace detail
 
 }  // namespace ddp::train

@@ -373,8 +373,8 @@ int main(int argc, char** argv) {
         std::vector<std::string> keys;
         for (int r = 0; r < wenv.world_size; ++r) keys.push_back(member_of(g, r));
         const auto deadline = std::chrono::steady_clock::now() + co.timeout;
+        const std::string gen_name = "generation " + std::to_string(g);
         while (!co.store->check(keys)) {
-          const std::string gen_name = "generation " + std::to_string(g);
           if (g_stop_signal.load() != 0) {
             throw IoError("in-place recovery: a stop signal while waiting for the ranks of " +
                           gen_name);

@@ -1,5 +1,8 @@
-// ddp-train's training loop (see trainer.hpp and docs/ddp_train.md).
+// ddp-train's training loop (see trainer.hpp, run.hpp and docs/ddp_train.md): setup, epochs,
+// steps, progress and the report. A run's snapshots, stops and heals are in checkpoint.cpp.
 #include "trainer.hpp"
+
+#include "run.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -28,8 +31,6 @@
 namespace ddp::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // How a communicator reports a peer's failure mid-step: IoError (gloo, shm), NcclError (nccl).
 bool peer_failed(const Error& e) {
   return e.code() == Errc::io || e.code() == Errc::nccl || e.code() == Errc::peer_gone;
@@ -42,72 +43,9 @@ struct EpochLoss {
   double mean() const { return steps > 0 ? sum / static_cast<double>(steps) : 0.0; }
 };
 
-class Run {
- public:
-  Run(const TrainOptions& o, const TrainContext& c)
-      : o_(o),
-        c_(c),
-        engine_(make_engine(o, c)),
-        model_(engine_->model()),
-        opt_(engine_->optimizer()) {}
+}  // namespace
 
-  int go();
-
- private:
-  std::ostream& out() { return *c_.out; }
-  bool leader() const { return c_.rank == 0; }
-  // Setup: the data, then the parameters (initialised or resumed) on every rank.
-  void load_data();
-  void resume_or_init();
-  void announce();
-  // The loop: epochs of steps of micro-batches.
-  void run_epoch(std::int64_t epoch);
-  bool at_step_boundary();
-  std::optional<double> step(const std::vector<std::uint32_t>& idx, std::int64_t mb,
-                             std::int64_t group_end);
-  std::size_t fill_batch(const std::vector<std::uint32_t>& idx, std::size_t first);
-  void finish_epoch(std::int64_t epoch, std::int64_t nb, double mean);
-  // Snapshots and stopping.
-  void save(const Position& at, const char* why);
-  void stop_on_signal(int signal, bool snapshot = true);
-  bool heal_from(const Error& e);
-  void kill_if(FaultKind kind, std::int64_t n, const char* where);
-  void join_as_replacement();
-  void agree_at_boundary(int& stop, bool& save_now);
-  bool being_stopped(std::chrono::milliseconds wait = std::chrono::seconds(1)) const;
-  // Reporting.
-  void phase(const char* word, std::int64_t step, std::int64_t samples = -1) {
-    if (c_.progress != nullptr) c_.progress->report(step, word, samples);
-  }
-  void progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double loss, bool end);
-  void report(double secs, std::uint64_t checksum);
-
-  const TrainOptions& o_;
-  TrainContext c_;  // a copy: in-place recovery replaces its communicator
-  Dataset train_;
-  Dataset test_;
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<ShardCopies> copies_;  // sharded, in place: the shard copies
-  Model& model_;                         // the host copy (engine.hpp)
-  Optimizer& opt_;
-  Position start_;
-  bool resumed_ = false;
-  std::optional<Position> last_saved_;
-  Clock::time_point t0_;
-  std::int64_t samples_ = 0;  // this run, all ranks
-  // The loop's state.
-  Position pos_;
-  std::int64_t steps_this_run_ = 0;
-  double last_loss_ = 0.0;
-  std::vector<double> epoch_losses_;
-  std::vector<double> step_losses_;  // rank 0's loss of each step of this run (the first 100k)
-  bool stopping_ = false;            // a signal, --max-steps, or a peer that stopped ahead of us
-  bool healed_ = false;              // step() dropped its step and healed: pos_ is the sender's
-  int exit_code_ = 0;                // 128 + signal when a signal stopped the run
-  std::vector<float> xb_;            // one micro-batch: inputs, labels, regression targets
-  std::vector<std::uint8_t> lb_;
-  std::vector<float> yb_;
-};
+namespace detail {
 
 void Run::load_data() {
   switch (o_.dataset) {
@@ -132,53 +70,6 @@ void Run::load_data() {
   xb_.resize(batch * train_.dim);
   lb_.resize(batch);
   yb_.resize(batch * model_.spec().layers.back().out);
-}
-
-void Run::resume_or_init() {
-  if (auto at = load_or_init(*engine_, o_, c_)) {
-    resumed_ = true;
-    start_ = *at;
-    last_saved_ = start_;
-    if (leader()) {
-      out() << "ddp-train: resuming from snapshot " << o_.snapshot << ": epoch " << start_.epoch
-            << " step " << start_.step << " (global step " << start_.global_step << ")\n"
-            << std::flush;
-    }
-  }
-}
-
-// Replicated: rank 0 writes. Sharded: every rank writes its shard, at the same positions (the
-// callers are collective then: step boundaries agree, see agree_at_boundary()).
-void Run::save(const Position& at, const char* why) {
-  const bool sharded = engine_->shard_layout() != nullptr;
-  if ((!leader() && !sharded) || o_.snapshot.empty()) return;
-  if (last_saved_ && *last_saved_ == at) return;
-  phase("checkpoint", at.global_step);
-  if (c_.restart_count == 0 && c_.heal == 0 &&
-      o_.fault.kills(FaultKind::kill_snapshot, c_.rank, at.global_step)) {
-    set_before_commit_hook([&] { injected_kill(out(), c_.rank, at.global_step, " mid-snapshot"); });
-  }
-  save_snapshot(*engine_, o_, c_, at);
-  last_saved_ = at;
-  if (leader()) {
-    out() << "ddp-train: " << (sharded ? "sharded " : "") << "snapshot " << o_.snapshot
-          << " written (" << why << "): epoch " << at.epoch << " step " << at.step
-          << " global step " << at.global_step << "\n"
-          << std::flush;
-  }
-}
-
-// After a peer vanished mid-step: whether this rank is being stopped too. scancel signals the
-// nodes one after another, so a peer may stop at a step boundary before our own signal has
-// arrived; it is given a second to arrive before the peer's exit counts as a failure.
-bool Run::being_stopped(std::chrono::milliseconds wait) const {
-  if (c_.stop_signal == nullptr) return false;
-  const auto until = Clock::now() + wait;
-  while (c_.stop_signal->load() == 0) {
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
 }
 
 void Run::progress(std::int64_t epoch, std::int64_t mb, std::int64_t nb, double loss, bool end) {
@@ -415,83 +306,6 @@ void Run::finish_epoch(std::int64_t epoch, std::int64_t nb, double mean) {
   }
 }
 
-// A peer died mid-step (in-place recovery): the step is dropped on this rank (the engine
-// zeroes its gradients; no optimizer step ran), the communicators are rebuilt with the dead
-// rank's replacement, and every rank takes the state of the survivor holding the newest step.
-// False when the engine cannot heal (the launcher then restarts the job).
-// A failure during the heal itself (another death) withdraws the declaration first: this rank's
-// exit then restarts the job, as torchrun's would.
-bool Run::heal_from(const Error& e) {
-  const auto t0 = Clock::now();
-  std::cerr << "ddp-train rank " << c_.rank << ": " << e.what() << "; step " << pos_.global_step
-            << " dropped, healing in place\n"
-            << std::flush;
-  phase("heal", pos_.global_step);
-  kill_if(FaultKind::kill_heal, pos_.global_step, " entering the heal");
-  PeerState got;
-  try {
-    if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
-    got = copies_ ? heal_shards(*engine_, *c_.comm, *copies_, false)
-                  : sync_from_peer(*engine_, *c_.comm, pos_);
-  } catch (const Error& during) {
-    if (c_.progress != nullptr) c_.progress->declare("recover=restart");
-    const int stop = c_.stop_signal != nullptr ? c_.stop_signal->load() : 0;
-    if (stop == 0) throw;
-    std::cerr << "ddp-train rank " << c_.rank << ": the heal stops: " << during.what() << "\n"
-              << std::flush;
-    // The agent restarts the job instead (another death, no restarts left for a heal): the
-    // snapshot at pos_ (the step was dropped, the state is pos_'s), then the stop's exit code.
-    stop_on_signal(stop, !copies_);  // a sharded snapshot needs every rank's communicator
-    return true;
-  }
-  // A survivor that went back to an older copy (--shard-copy-every K > 1) forgets the steps it
-  // takes again.
-  const std::int64_t undone = std::max<std::int64_t>(0, pos_.global_step - got.at.global_step);
-  step_losses_.resize(step_losses_.size() -
-                      std::min(step_losses_.size(), static_cast<std::size_t>(undone)));
-  steps_this_run_ -= std::min(steps_this_run_, undone);
-  pos_ = got.at;
-  healed_ = true;
-  std::cerr << "ddp-train rank " << c_.rank << ": healed in "
-            << std::chrono::duration<double>(Clock::now() - t0).count()
-            << " s: going on from global step " << pos_.global_step << " (rank " << got.from
-            << "'s state)\n"
-            << std::flush;
-  return true;
-}
-
-// This process replaces a rank that died: the state comes from a survivor, not from disk.
-void Run::join_as_replacement() {
-  const PeerState got = copies_ ? heal_shards(*engine_, *c_.comm, *copies_, true)
-                                : sync_from_peer(*engine_, *c_.comm, std::nullopt);
-  start_ = got.at;
-  resumed_ = true;
-  std::cerr << "ddp-train rank " << c_.rank << ": replacement (heal " << c_.heal << "): rank "
-            << got.from << "'s state at global step " << start_.global_step << ", no disk read\n"
-            << std::flush;
-}
-
-// A stop signal arrived: the snapshot at pos_, then the run ends with 128 + the signal.
-void Run::stop_on_signal(int signal, bool snapshot) {
-  if (snapshot) save(pos_, "stop signal");
-  exit_code_ = 128 + signal;
-  stopping_ = true;
-}
-
-// Sharded ranks write snapshots together, so they must stop and save at the same step
-// boundary: each boundary they share their stop signal and SIGUSR1 (one small all-gather),
-// and every rank acts on the first rank's signal and on any rank's request.
-void Run::agree_at_boundary(int& stop, bool& save_now) {
-  if (c_.comm == nullptr || c_.world < 2) return;
-  const int mine[2] = {stop, save_now ? 1 : 0};
-  std::vector<int> all(2 * static_cast<std::size_t>(c_.world));
-  c_.comm->all_gather(mine, all.data(), sizeof mine);
-  for (std::size_t r = 0; r < all.size(); r += 2) {
-    if (stop == 0) stop = all[r];
-    save_now = save_now || all[r + 1] != 0;
-  }
-}
-
 // Rank 0's summary line, the evaluation and the metrics file.
 void Run::report(double secs, std::uint64_t checksum) {
   RunSummary s{to_string(o_.model),
@@ -517,11 +331,11 @@ void Run::report(double secs, std::uint64_t checksum) {
                [&] { phase("eval", pos_.global_step); });
 }
 
-}  // namespace
+}  // namespace detail
 
 int train(const TrainOptions& options, const TrainContext& ctx) {
   if (options.model == ModelKind::llama) return train_lm(options, ctx);
-  Run run(options, ctx);
+  detail::Run run(options, ctx);
   return run.go();
 }
 
