@@ -95,8 +95,9 @@ std::optional<ProgressLine> parse_progress_line(std::string_view line) {
       if (!v || out.t) return std::nullopt;
       out.t = v;
     } else if (key == "recover") {
-      if (value != "in_place" && value != "restart") return std::nullopt;
-      (value == "in_place" ? out.recover_in_place : out.recover_restart) = true;
+      if (value != "in_place" && value != "restart" && value != "elastic") return std::nullopt;
+      (value == "restart" ? out.recover_restart : out.recover_in_place) = true;
+      out.recover_regroup = value == "elastic";
     } else if (key == "samples" || key == "total") {
       auto v = parse_step(value);
       if (!v) return std::nullopt;
@@ -138,7 +139,10 @@ void span(RankProgress& r, std::int64_t step, double unix) {
 }  // namespace
 
 void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime now) {
-  if (line.recover_in_place || line.recover_restart) r.recovers_in_place = line.recover_in_place;
+  if (line.recover_in_place || line.recover_restart) {
+    r.recovers_in_place = line.recover_in_place;
+    r.regroups = line.recover_regroup;
+  }
   if (line.step < 0) return;  // a declaration, not a step
   if (r.first_step_unix < 0) r.first_step_unix = line.t ? *line.t : unix_of(now);
   r.reported = true;
@@ -148,6 +152,8 @@ void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime
   const double clock =
       line.t ? *line.t : std::chrono::duration<double>(now.time_since_epoch()).count();
   const bool new_step = r.step < 0 || line.step != r.step;
+  // A heal (or regroup) ends with the first line of another phase after it.
+  if (r.phase == "heal" && line.phase != "heal") r.healed_unix = line.t ? *line.t : unix_of(now);
   // The compute phase ends with any other phase or step: its length is the step's own work.
   if (r.compute_from >= 0 && r.phase == "compute" && (new_step || line.phase != "compute")) {
     record(r, clock - r.compute_from);
@@ -184,18 +190,20 @@ void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime
   }
 }
 
-ProgressReader::~ProgressReader() {
-  for (auto& [fd, p] : pipes_) {
-    ::close(p.read_fd);
-    if (p.write_fd >= 0) ::close(p.write_fd);
+void ProgressReader::close_pipe(Pipe& p) {
+  for (int fd : {p.read_fd, p.write_fd, p.control_read, p.control_write}) {
+    if (fd >= 0) ::close(fd);
   }
+}
+
+ProgressReader::~ProgressReader() {
+  for (auto& [fd, p] : pipes_) close_pipe(p);
 }
 
 int ProgressReader::open_rank(int local_rank, SteadyTime now) {
   for (auto it = pipes_.begin(); it != pipes_.end(); ++it) {  // opened again: drop the old one
     if (it->second.local_rank != local_rank) continue;
-    ::close(it->second.read_fd);
-    if (it->second.write_fd >= 0) ::close(it->second.write_fd);
+    close_pipe(it->second);
     pipes_.erase(it);
     break;
   }
@@ -212,6 +220,17 @@ int ProgressReader::open_rank(int local_rank, SteadyTime now) {
   pipe.local_rank = local_rank;
   pipe.read_fd = p[0];
   pipe.write_fd = p[1];
+  // The other way, agent to worker (tell()): its read end is the worker's (DDPRUN_CONTROL_FD).
+  int c[2];
+  if (::pipe2(c, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const int e = errno;
+    ::close(p[0]);
+    ::close(p[1]);
+    throw IoError("control pipe for local rank " + std::to_string(local_rank) + ": " +
+                  std::strerror(e));
+  }
+  pipe.control_read = c[0];
+  pipe.control_write = c[1];
   pipes_[p[0]] = std::move(pipe);
   RankProgress fresh;
   fresh.last_change = now;
@@ -223,8 +242,26 @@ int ProgressReader::open_rank(int local_rank, SteadyTime now) {
 void ProgressReader::after_start() {
   for (auto& [fd, p] : pipes_) {
     if (p.write_fd >= 0) ::close(p.write_fd);
+    if (p.control_read >= 0) ::close(p.control_read);
     p.write_fd = -1;
+    p.control_read = -1;
   }
+}
+
+int ProgressReader::control_end(int local_rank) const {
+  for (const auto& [fd, p] : pipes_) {
+    if (p.local_rank == local_rank) return p.control_read;
+  }
+  return -1;
+}
+
+bool ProgressReader::tell(int local_rank, std::string_view line) {
+  for (const auto& [fd, p] : pipes_) {
+    if (p.local_rank != local_rank || p.control_write < 0) continue;
+    const ssize_t n = ::write(p.control_write, line.data(), line.size());
+    return n == static_cast<ssize_t>(line.size());
+  }
+  return false;
 }
 
 std::vector<int> ProgressReader::fds() const {
@@ -253,6 +290,7 @@ void ProgressReader::on_readable(int fd, SteadyTime now) {
     if (auto line = parse_progress_line(text)) {
       if (line->recover_in_place || line->recover_restart) {  // never one of the "last wins"
         rank.recovers_in_place = line->recover_in_place;
+        rank.regroups = line->recover_regroup;
       }
       if (line->step < 0) return;
       if (line->t) {

@@ -408,6 +408,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   lc.nproc = nproc;
   lc.max_restarts = config.max_restarts;
   lc.max_nodes = config.max_nodes;
+  lc.elastic = config.min_nodes < config.max_nodes;
   lc.solo = solo;
   lc.status = &status;
   return run_lifecycle(lc, rounds, local, local);

@@ -22,6 +22,7 @@
 #include "ddp/launch/descendants.hpp"
 #include "ddp/launch/round_workers.hpp"
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/regroup.hpp"
 
 #include "agent_store.hpp"
 
@@ -76,7 +77,7 @@ int read_signal(int sigfd) {
 }
 
 Formed StoreRendezvous::form(const NodeDesc& self, int hint, int expect) {
-  worker_store_.reset();  // the previous round's
+  previous_worker_store_ = std::move(worker_store_);  // the last round's (regrouping)
   host_ = self.host;
   Formed out;
   // Alone on a private store (--standalone, one node), nothing can block: no watcher
@@ -183,19 +184,72 @@ void LocalRound::check_heals() {
   if (!progress_) return;
   for (auto it = heals_.begin(); it != heals_.end();) {
     const auto r = progress_->ranks().find(it->local_rank);
-    if (r == progress_->ranks().end() || r->second.first_step_unix < 0) {
+    const double died = std::chrono::duration<double>(it->died.time_since_epoch()).count();
+    // A replacement: its first step; a regrouped worker: its first step after its heal.
+    double stepped = -1;
+    if (r != progress_->ranks().end()) {
+      stepped = it->regroup ? (r->second.healed_unix > died ? r->second.healed_unix : -1)
+                            : r->second.first_step_unix;
+    }
+    if (stepped < 0) {
       ++it;
       continue;
     }
-    const double died = std::chrono::duration<double>(it->died.time_since_epoch()).count();
-    const double took = std::max(0.0, r->second.first_step_unix - died);
+    const double took = std::max(0.0, stepped - died);
     char what[160];
-    std::snprintf(what, sizeof what, "rank %d (local_rank %d), heal %d, healed in %.2f s",
-                  group_.base_global_rank + it->local_rank, it->local_rank, it->heal, took);
+    if (it->regroup) {
+      std::snprintf(what, sizeof what, "rank %d (local_rank %d) regrouped in %.2f s",
+                    group_.base_global_rank + it->local_rank, it->local_rank, took);
+    } else {
+      std::snprintf(what, sizeof what, "rank %d (local_rank %d), heal %d, healed in %.2f s",
+                    group_.base_global_rank + it->local_rank, it->local_rank, it->heal, took);
+    }
     std::fprintf(stderr, "ddprun: %s\n", what);
     if (s_.status) s_.status->healed(took, what);
     it = heals_.erase(it);
   }
+}
+
+bool LocalRound::can_regroup() const {
+  if (!workers_ || !progress_ || workers_->running() != static_cast<std::size_t>(s_.nproc)) {
+    return false;
+  }
+  for (int r = 0; r < s_.nproc; ++r) {
+    const auto it = progress_->ranks().find(r);
+    if (it == progress_->ranks().end() || !it->second.regroups) return false;
+  }
+  return true;
+}
+
+// Regrouping: each running worker is told its place in the new group; nothing is spawned.
+SpawnResult LocalRound::regroup(const GroupInfo& group,
+                                std::chrono::system_clock::time_point since) {
+  SpawnResult result;
+  group_ = group;
+  heals_.clear();
+  for (int r = 0; r < s_.nproc; ++r) {
+    Regroup line;
+    line.round = round_.number;
+    line.rank = group.base_global_rank + r;
+    line.world = group.world_size;
+    line.local_rank = r;
+    line.local_world = group.local_world_size;
+    line.group_rank = group.group_rank;
+    line.group_world = group.group_world_size;
+    line.master_addr = group.master_addr;
+    line.master_port = group.master_port;
+    if (!progress_->tell(r, format_regroup(line))) {
+      result.error = "cannot tell local rank " + std::to_string(r) +
+                     " its place in the regrouped job (its control pipe is closed or full)";
+      result.rank = r;
+      return result;
+    }
+    heals_.push_back({r, 0, since, true});
+  }
+  monitor_.reset();
+  start_monitor(group);
+  tell_started(group);
+  return result;
 }
 
 SpawnResult LocalRound::start(const GroupInfo& group) {
@@ -215,17 +269,20 @@ SpawnResult LocalRound::start(const GroupInfo& group) {
   plan.progress = progress_.get();
   SpawnResult result = spawn_workers(plan, *pump_, *workers_, s_.sigfd);
   if (progress_ && result.error.empty() && !result.stop_signal) start_monitor(group);
-  if (s_.status && result.error.empty()) {
-    std::vector<RankStart> ranks;
-    const auto pids = workers_->pids();  // in local rank order
-    for (std::size_t i = 0; i < pids.size(); ++i) {
-      const int r = static_cast<int>(i);
-      const int gpu = i < s_.gpus.size() ? s_.gpus[i] : -1;
-      ranks.push_back({r, group.base_global_rank + r, pids[i], gpu});
-    }
-    s_.status->workers_started(ranks);
-  }
+  if (result.error.empty()) tell_started(group);
   return result;
+}
+
+void LocalRound::tell_started(const GroupInfo& group) {
+  if (!s_.status) return;
+  std::vector<RankStart> ranks;
+  const auto pids = workers_->pids();  // in local rank order
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    const int r = static_cast<int>(i);
+    const int gpu = i < s_.gpus.size() ? s_.gpus[i] : -1;
+    ranks.push_back({r, group.base_global_rank + r, pids[i], gpu});
+  }
+  s_.status->workers_started(ranks);
 }
 
 // What the live status learns from one turn: exits, a named hang, progress (4 times a second).

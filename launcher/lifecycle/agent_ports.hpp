@@ -28,6 +28,9 @@
 
 namespace ddp::launch {
 
+// How long the nodes of a round have to say whether they carry running workers into it.
+inline constexpr std::chrono::milliseconds kRegroupVoteTimeout{10000};
+
 // The signal a signalfd holds; 0 when none.
 int read_signal(int sigfd);
 // Whether a signal is waiting on the signalfd (left unread).
@@ -70,6 +73,9 @@ class StoreRendezvous final : public RendezvousPort {
     if (s_.on_stopping) s_.on_stopping();
   }
   int count_heals(const Round&, int add) override { return s_.rendezvous.count_heals(add); }
+  bool agree_regroup(const Round& round, bool carry) override {
+    return s_.rendezvous.agree_regroup(round, carry, kRegroupVoteTimeout);
+  }
 
  private:
   Setup s_;
@@ -77,7 +83,10 @@ class StoreRendezvous final : public RendezvousPort {
   // earlier round or another job can never be seen. Static and solo: the agent's store serves
   // them, and group rank 0 (its host) deletes the earlier rounds' worker keys before any
   // worker of the round starts.
+  // Regrouping: workers carried into the next round still use the last round's store until
+  // they read their regroup line; it goes at the round after.
   std::unique_ptr<rdzv::StoreServer> worker_store_;
+  std::unique_ptr<rdzv::StoreServer> previous_worker_store_;
   std::string host_;
   std::vector<rdzv::Cidr> workers_networks(const Round& round);
 };
@@ -130,6 +139,8 @@ class LocalRound final : public WorkerLauncher, public EventSource {
   }
 
   std::string respawn(int local_rank, int heal) override;
+  bool can_regroup() const override;
+  SpawnResult regroup(const GroupInfo& group, std::chrono::system_clock::time_point since) override;
 
   void open(const Round& round) override;
   int take_signal() override { return read_signal(s_.sigfd); }
@@ -149,11 +160,13 @@ class LocalRound final : public WorkerLauncher, public EventSource {
     int local_rank;
     int heal;
     std::chrono::system_clock::time_point died;  // when the agent saw the death
+    bool regroup = false;  // a running worker told its new place: done at its next step
   };
   std::vector<Heal> heals_;  // replacements yet to take their first step
   void check_heals();
   SteadyTime next_status_{};  // when the live status next takes the progress
   void start_monitor(const GroupInfo& group);
+  void tell_started(const GroupInfo& group);
   void tell_status(const std::vector<WorkerExit>& exits, const Observation& o);
 };
 

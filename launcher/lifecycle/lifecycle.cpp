@@ -176,6 +176,8 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
   int heals = 0;  // the job's, as last counted (heals share --max-restarts)
   int hint = -1;
   int expect = 0;
+  bool carried = false;  // the workers run on into the next round (regrouping)
+  std::chrono::system_clock::time_point regroup_since{};
   StatusReporter* st = c.status;
   while (true) {
     if (st) st->phase("rendezvous", hint < 0 ? "" : "round " + std::to_string(hint));
@@ -187,6 +189,7 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     f.max_nodes = c.max_nodes;
     f.solo = c.solo;
     if (formed.signal != 0 || formed.kind != Formation::formed) {
+      if (carried) workers.stop(formed.signal != 0 ? formed.signal : SIGTERM);
       const Decision d = decide(f);
       const int code = stop_unformed(d, formed);
       return finish(c, formed.signal ? "stopped" : code == 0 ? "succeeded" : "failed", code);
@@ -204,8 +207,33 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
       st->phase("spawn", std::to_string(c.nproc) + " workers");
     }
 
-    // Spawn, then watch until the policy says the round is over for this node.
-    const SpawnResult spawned = workers.start(g);
+    // Regrouping (elastic jobs): every node says whether it carries running workers into the
+    // round; if one does, those are told their new places and new workers join them.
+    bool regroup = false;
+    if (c.elastic && !c.solo) {
+      try {
+        regroup = rdzv.agree_regroup(round, carried);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "ddprun: cannot agree on regrouping (%s); starting anew\n", e.what());
+      }
+    }
+    if (carried && !regroup) {  // the others start anew: ours do too
+      workers.stop(SIGTERM);
+      if (st) st->workers_stopped();
+      workers.clear();
+    }
+    if (regroup) g.join_round = round.number;
+    // Spawn (or regroup), then watch until the policy says the round is over for this node.
+    const SpawnResult spawned =
+        carried && regroup ? workers.regroup(g, regroup_since) : workers.start(g);
+    if (carried && regroup && spawned.error.empty()) {
+      std::fprintf(stderr,
+                   "ddprun: the job regrouped around its running workers: %d nodes, %d ranks "
+                   "(round %d); this node's ranks are now %d to %d\n",
+                   round.group_world_size, round.world_size, round.number, g.base_global_rank,
+                   g.base_global_rank + c.nproc - 1);
+    }
+    carried = false;
     if (!spawned.error.empty()) {
       f.spawn_error = spawned.error;
       f.spawn_rank = spawned.rank;
@@ -324,12 +352,21 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
       st->phase("restart", what);
       st->restarting(round.number, f.event ? cause_of(*f.event) : "other", what);
     }
-    if (!stopped) workers.stop(SIGTERM);
-    if (st) st->workers_stopped();
+    // A node left or joined an elastic job whose workers regroup: they run on meanwhile.
+    carried = d.kind == Kind::reform && c.elastic && !stopped && workers.can_regroup();
+    if (!carried) {
+      if (!stopped) workers.stop(SIGTERM);
+      if (st) st->workers_stopped();
+    }
     self.restart_count = d.next_restart_count;
     if (d.kind == Kind::restart_all) {
       std::fprintf(stderr, "ddprun: %s; restarting the workers of every node, restart %d of %d\n",
                    what.c_str(), self.restart_count, c.max_restarts);
+    } else if (carried) {
+      regroup_since = std::chrono::system_clock::now();
+      std::fprintf(stderr,
+                   "ddprun: %s; re-forming the job, the workers keep running (regrouping)\n",
+                   what.c_str());
     } else {
       std::fprintf(stderr, "ddprun: %s; re-forming the job (not counted as a restart)\n",
                    what.c_str());
@@ -337,7 +374,7 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
     expect = d.next_expect;
     self.prev_group_rank = round.group_rank;
     hint = round.number + 1;
-    workers.clear();
+    if (!carried) workers.clear();
     events.unwatch();
   }
 }

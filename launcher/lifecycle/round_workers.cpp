@@ -55,6 +55,7 @@ SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& 
                   plan.config.redirects.for_rank(r), plan.config.tee.for_rank(r), shown, rank_dir);
       if (plan.progress) {
         spec.keep_fd = plan.progress->open_rank(r, std::chrono::steady_clock::now());
+        spec.control_fd = plan.progress->control_end(r);
       }
     } catch (const IoError& e) {
       pump.after_start();
@@ -62,7 +63,10 @@ SpawnResult spawn_workers(const SpawnPlan& plan, OutputPump& pump, WorkerGroup& 
       result.rank = r;
       return result;
     }
-    if (plan.progress) spec.env["DDPRUN_PROGRESS_FD"] = std::to_string(spec.keep_fd);
+    if (plan.progress) {
+      spec.env["DDPRUN_PROGRESS_FD"] = std::to_string(spec.keep_fd);
+      spec.env["DDPRUN_CONTROL_FD"] = std::to_string(spec.control_fd);
+    }
     workers.spawn(spec);
     pump.after_start();  // the worker holds its ends now
     if (plan.progress) plan.progress->after_start();
@@ -95,7 +99,9 @@ std::string respawn_worker(const SpawnPlan& plan, int r, int heal, OutputPump& p
                 plan.config.tee.for_rank(r), shown, rank_dir);
     if (plan.progress) {
       spec.keep_fd = plan.progress->open_rank(r, std::chrono::steady_clock::now());
+      spec.control_fd = plan.progress->control_end(r);
       spec.env["DDPRUN_PROGRESS_FD"] = std::to_string(spec.keep_fd);
+      spec.env["DDPRUN_CONTROL_FD"] = std::to_string(spec.control_fd);
     }
     workers.respawn(r, spec);
   } catch (const Error& e) {

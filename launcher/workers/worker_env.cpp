@@ -173,6 +173,7 @@ EnvMap worker_env(const LaunchConfig& config, const GroupInfo& g, int local_rank
   set("MASTER_ADDR", g.master_addr);
   set("MASTER_PORT", std::to_string(g.master_port));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(g.restart_count));
+  if (g.join_round >= 0) set("DDPRUN_JOIN_ROUND", std::to_string(g.join_round));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts));
   set("TORCHELASTIC_RUN_ID", g.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");

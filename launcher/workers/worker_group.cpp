@@ -62,6 +62,7 @@ struct ChildSetup {
   const std::vector<unsigned long>* cpu_mask;  // empty: keep the agent's CPUs
   const std::vector<unsigned long>* mem_mask;  // empty: keep the default memory policy
   int keep_fd;                                 // in keep too; its FD_CLOEXEC is cleared
+  int control_fd;                              // the same
 };
 
 // A bit mask of `bits` as the kernel's affinity and mempolicy calls take it; {} for none.
@@ -87,6 +88,7 @@ std::vector<unsigned long> kernel_mask(const std::vector<int>& bits) {
   if (::getppid() != c.parent) ::_exit(127);  // the agent died before prctl took effect
   close_fds_except(*c.keep, c.fallback_max);
   if (c.keep_fd >= 3) ::fcntl(c.keep_fd, F_SETFD, 0);
+  if (c.control_fd >= 3) ::fcntl(c.control_fd, F_SETFD, 0);
   if (!c.cpu_mask->empty() &&
       ::syscall(SYS_sched_setaffinity, 0, c.cpu_mask->size() * sizeof(unsigned long),
                 c.cpu_mask->data()) != 0) {
@@ -193,8 +195,10 @@ WorkerGroup::Worker WorkerGroup::launch(std::size_t rank, const WorkerSpec& spec
   if (::pipe2(pipefd, O_CLOEXEC) != 0) throw IoError("pipe2: " + std::string(std::strerror(errno)));
   std::vector<int> keep = options_.inherited_fds;
   keep.insert(std::upper_bound(keep.begin(), keep.end(), pipefd[1]), pipefd[1]);
-  if (spec.keep_fd >= 3 && !std::binary_search(keep.begin(), keep.end(), spec.keep_fd)) {
-    keep.insert(std::upper_bound(keep.begin(), keep.end(), spec.keep_fd), spec.keep_fd);
+  for (int fd : {spec.keep_fd, spec.control_fd}) {
+    if (fd >= 3 && !std::binary_search(keep.begin(), keep.end(), fd)) {
+      keep.insert(std::upper_bound(keep.begin(), keep.end(), fd), fd);
+    }
   }
   rlimit nofile{};
   ::getrlimit(RLIMIT_NOFILE, &nofile);
@@ -205,7 +209,7 @@ WorkerGroup::Worker WorkerGroup::launch(std::size_t rank, const WorkerSpec& spec
       kernel_mask(spec.mem_node >= 0 ? std::vector<int>{spec.mem_node} : std::vector<int>{});
   const ChildSetup setup{::getpid(), pipefd[1],    spec.stdout_fd,       spec.stderr_fd,
                          &keep,      fallback_max, options_.nofile_soft, &cpu_mask,
-                         &mem_mask,  spec.keep_fd};
+                         &mem_mask,  spec.keep_fd,         spec.control_fd};
   OomWatch oom = watch_oom(::getpid());  // the worker starts in the agent's cgroup
   pid_t pid = ::fork();
   if (pid < 0) {

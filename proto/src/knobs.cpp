@@ -77,6 +77,12 @@ constexpr Knob kKnobs[] = {
      "ordinal"},
     {"DDPRUN_PROGRESS_FD", Kind::integer, "", "ddp-train",
      "set by ddprun: the fd on which a worker writes one progress line per step"},
+    {"DDPRUN_CONTROL_FD", Kind::integer, "", "ddp-train",
+     "set by ddprun: the fd on which the agent tells a worker that its group changes (the "
+     "regroup line)"},
+    {"DDPRUN_JOIN_ROUND", Kind::integer, "", "ddp-train",
+     "set by ddprun for a worker that joins a running elastic job: the round of the group it "
+     "joins; it takes its state from the running ranks"},
 };
 
 bool matches(const Knob& k, std::string_view name) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <optional>
+#include <utility>
 
 #include "ddp/worker/progress.hpp"
 
@@ -142,12 +143,13 @@ std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view 
   return static_cast<std::size_t>(p - buf);
 }
 
-std::optional<int> parse_progress_fd(std::string_view text, std::string* why) {
+std::optional<int> parse_progress_fd(std::string_view text, std::string* why,
+                                     std::string_view name) {
   try {
-    const auto fd = ddp::parse_int(text, "DDPRUN_PROGRESS_FD", 0, 1 << 30);
+    const auto fd = ddp::parse_int(text, name, 0, 1 << 30);
     if (fd <= 2) {
-      *why = "DDPRUN_PROGRESS_FD=" + std::to_string(fd) +
-             " is a standard stream (0-2), not a progress pipe";
+      *why = std::string(name) + "=" + std::to_string(fd) +
+             " is a standard stream (0-2), not a pipe of the agent's";
       return std::nullopt;
     }
     return static_cast<int>(fd);
@@ -209,6 +211,47 @@ void ProgressWriter::declare(std::string_view key_value) noexcept {
   line[key_value.size()] = '\n';
   const auto n = key_value.size() + 1;
   if (::write(fd_, line, n) == static_cast<ssize_t>(n)) ++written_;
+}
+
+bool ProgressWriter::listen(int control_fd, std::string* why) {
+  const int flags = ::fcntl(control_fd, F_GETFL);
+  const std::string name = "DDPRUN_CONTROL_FD=" + std::to_string(control_fd);
+  if (flags < 0 || (flags & O_ACCMODE) == O_WRONLY) {
+    *why = name + " is not a descriptor open for reading in this process";
+    return false;
+  }
+  if ((flags & O_NONBLOCK) == 0 && ::fcntl(control_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    *why = name + ": cannot make it non-blocking";
+    return false;
+  }
+  control_fd_ = control_fd;
+  return true;
+}
+
+std::optional<std::string> ProgressWriter::take_line() {
+  while (control_fd_ >= 0) {
+    const auto nl = in_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = in_.substr(0, nl);
+      in_.erase(0, nl + 1);
+      if (!std::exchange(overlong_, false)) return line;
+      continue;  // the tail of an overlong line
+    }
+    if (in_.size() > kControlLineMax) {
+      in_.clear();
+      overlong_ = true;
+    }
+    char buf[512];
+    const ssize_t n = ::read(control_fd_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return std::nullopt;  // nothing waiting
+    if (n <= 0) {  // EOF (the agent is gone) or an error: no more lines
+      control_fd_ = -1;
+      return std::nullopt;
+    }
+    in_.append(buf, static_cast<std::size_t>(n));
+  }
+  return std::nullopt;
 }
 
 }  // namespace ddp::worker

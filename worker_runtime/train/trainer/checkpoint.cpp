@@ -337,6 +337,8 @@ bool Run::heal_from(const Error& e) {
   PeerState got;
   try {
     if (!engine_->heal([&] { return c_.comm = c_.reconnect(); })) return false;
+    c_.rank = c_.comm->rank();  // a regroup changes them
+    c_.world = c_.comm->size();
     got = copies_ ? heal_shards(*engine_, *c_.comm, *copies_, false)
                   : sync_from_peer(*engine_, *c_.comm, pos_);
   } catch (const Error& during) {

@@ -22,12 +22,15 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ddp/proto/version.hpp"
 #include "ddp/kernels/device.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
+#include "ddp/proto/number.hpp"
+#include "ddp/proto/regroup.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/device.hpp"
@@ -173,6 +176,8 @@ int main(int argc, char** argv) {
   bool no_eval = false;
   bool shm_allreduce = true;
   std::optional<std::string> progress_fd;
+  std::optional<std::string> control_fd;
+  int join_round = -1;  // DDPRUN_JOIN_ROUND: this worker joins a running elastic job
   CLI::App app{"ddp-train: data-parallel training on Fashion-MNIST or synthetic data"};
   app.set_version_flag("--version", ddp::version_line("ddp-train"));
   std::string recovery = "auto";
@@ -271,6 +276,10 @@ int main(int argc, char** argv) {
     if (auto fault = knobs::text("DDP_TRAIN_FAULT", &env)) faults = train::parse_faults(*fault);
     shm_allreduce = knobs::flag01("DDP_SHM_ALLREDUCE", &env);  // checked before any peer
     progress_fd = knobs::text("DDPRUN_PROGRESS_FD", &env);
+    control_fd = knobs::text("DDPRUN_CONTROL_FD", &env);
+    if (auto r = knobs::text("DDPRUN_JOIN_ROUND", &env)) {
+      join_round = static_cast<int>(parse_int(*r, "DDPRUN_JOIN_ROUND", 0, 1 << 24));
+    }
     if (threads < 1) throw ConfigError("--threads must be >= 1");
     if (denormals != "flush" && denormals != "keep") {
       throw ConfigError("--denormals must be flush or keep, not '" + denormals + "'");
@@ -306,6 +315,13 @@ int main(int argc, char** argv) {
   std::string why;
   worker::ProgressWriter progress = worker::ProgressWriter::from_env(progress_fd, &why);
   if (!why.empty()) std::cerr << "ddp-train: warning: " << why << "; no progress to the agent\n";
+  if (control_fd && progress.on()) {  // the agent's lines to this worker (regroup.hpp)
+    why.clear();
+    const auto fd = worker::parse_progress_fd(*control_fd, &why, "DDPRUN_CONTROL_FD");
+    if (!fd || !progress.listen(*fd, &why)) {
+      std::cerr << "ddp-train: warning: " << why << "; this rank cannot regroup\n";
+    }
+  }
   // auto: the replicated engine heals in place; a sharded one only when asked (--recovery
   // in-place), since its shard copies cost two more shards of memory per rank and who shards
   // does so for memory (docs/decisions.md).
@@ -362,13 +378,61 @@ int main(int argc, char** argv) {
         std::cerr << "ddp-train: --recovery in-place is off: " << no_heal
                   << "; a failure restarts the job\n";
       }
+      // Regrouping (an elastic job that shrank or grew, docs/worker_runtime.md): the agent's
+      // regroup line gives this rank its new place; the new group lives under
+      // <prefix>/ddp_train/r<round>, from generation 0. The replicated engine only.
+      const bool regroups = in_place && o.sharding == train::Sharding::none;
+      std::optional<Regroup> regroup;  // read, not yet applied
+      bool regrouped = false;          // base is a regroup's namespace
+      const auto read_control = [&] {
+        while (auto line = progress.take_line()) {
+          try {
+            regroup = parse_regroup(*line);
+          } catch (const ConfigError& e) {
+            std::cerr << rank_tag << ": warning: a line from the agent: " << e.what()
+                      << "; ignored\n";
+          }
+        }
+        return regroup.has_value();
+      };
+      const auto apply_regroup = [&] {
+        const Regroup r = *std::exchange(regroup, std::nullopt);
+        std::cerr << rank_tag << ": regrouping (round " << r.round << "): rank " << r.rank
+                  << " of " << r.world << " (was " << wenv.rank << " of " << wenv.world_size
+                  << ")\n"
+                  << std::flush;
+        const bool moved = r.master_addr != wenv.master_addr || r.master_port != wenv.master_port;
+        wenv.rank = r.rank;
+        wenv.world_size = r.world;
+        wenv.local_rank = r.local_rank;
+        wenv.local_world_size = r.local_world;
+        wenv.group_rank = r.group_rank;
+        wenv.group_world_size = r.group_world;
+        wenv.master_addr = r.master_addr;
+        wenv.master_port = r.master_port;
+        if (moved) {  // the new group's store (the old one may be gone with its node)
+          store = std::make_unique<worker::WorkerStore>(wenv);
+          co.store = store->client();
+        }
+        co.rank = r.rank;
+        co.size = r.world;
+        co.route_towards = r.master_addr;
+        base = wenv.store_prefix() + "/ddp_train/r" + std::to_string(r.round);
+        gen = 0;
+        regrouped = true;
+        rank_tag = "ddp-train rank " + std::to_string(r.rank);
+      };
+      if (join_round >= 0 && in_place) {  // a node that joins: the running ranks' namespace
+        base += "/r" + std::to_string(join_round);
+        regrouped = true;
+      }
       const auto member_of = [&](int g, int r) {
         return base + "/member/" + std::to_string(g) + "/" + std::to_string(r);
       };
       const auto member = [&, member_of](int g) { return member_of(g, wenv.rank); };
-      // A heal's generation g > 0: every rank has marked it before the communicator forms. A
-      // stop signal while waiting (the agent restarting the job instead) ends the wait, so the
-      // rank can save and stop.
+      // A heal's generation g > 0 (or a regroup's 0): every rank has marked it before the
+      // communicator forms. A stop signal while waiting (the agent restarting the job instead)
+      // ends the wait, so the rank can save and stop; a regroup line ends it too (false).
       const auto wait_for_members = [&, member_of](int g) {
         std::vector<std::string> keys;
         for (int r = 0; r < wenv.world_size; ++r) keys.push_back(member_of(g, r));
@@ -379,16 +443,27 @@ int main(int argc, char** argv) {
             throw IoError("in-place recovery: a stop signal while waiting for the ranks of " +
                           gen_name);
           }
+          if (regroups && read_control()) return false;
           if (std::chrono::steady_clock::now() > deadline) {
             throw IoError("in-place recovery: the ranks of " + gen_name + " did not all come");
           }
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
+        return true;
       };
       connect = [&, in_place, member, wait_for_members](int g) {
         comm.reset();  // first: its sockets close, and peers still blocked on them fail too
-        if (in_place) co.store->set(member(g), "1");
-        if (in_place && g > 0) wait_for_members(g);
+        if (in_place) {
+          if (regroups) read_control();
+          while (true) {
+            if (regroup) {
+              apply_regroup();
+              g = gen;
+            }
+            co.store->set(member(g), "1");
+            if ((g == 0 && !regrouped) || wait_for_members(g)) break;
+          }
+        }
         co.key_prefix = (g == 0 ? base : base + "/g" + std::to_string(g)) + "/gloo";
         comm = worker::make_gloo_communicator(co);
         // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
@@ -399,11 +474,15 @@ int main(int argc, char** argv) {
         return comm.get();
       };
       if (in_place) {
-        ctx.heal = heal;
-        if (heal > 0) {  // the generation after the last one this rank joined
+        ctx.heal = join_round >= 0 ? std::max(heal, 1) : heal;
+        if (ctx.heal > 0) {  // the generation after the last one this rank joined
           while (co.store->check({member(gen)})) ++gen;
         }
         ctx.reconnect = [&] { return connect(++gen); };  // declared when training starts
+        if (regroups) {
+          ctx.regroups = true;
+          ctx.regroup_pending = read_control;
+        }
       }
       connect(gen);
       if (o.backend == train::Backend::nccl) {

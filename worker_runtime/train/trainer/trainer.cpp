@@ -113,7 +113,9 @@ int Run::go() {
   t0_ = Clock::now();
   // From here on a death of this rank is healed in place (before: a start-up failure, which a
   // replacement would only repeat, restarts the job).
-  if (c_.reconnect && c_.progress != nullptr) c_.progress->declare("recover=in_place");
+  if (c_.reconnect && c_.progress != nullptr) {
+    c_.progress->declare(c_.regroups ? "recover=elastic" : "recover=in_place");
+  }
   // Each epoch ends at finish_epoch() (pos_ moves to the next) or by stopping_; a heal may move
   // pos_ to where the survivor that sent the state was.
   while (pos_.epoch < o_.total_epochs && !stopping_) run_epoch(pos_.epoch);
@@ -136,9 +138,10 @@ int Run::go() {
 void Run::run_epoch(std::int64_t epoch) {
   const auto B = static_cast<std::size_t>(o_.batch_size);
   const auto K = static_cast<std::int64_t>(o_.grad_accum);
-  const auto idx =
+  auto idx =
       shard_indices(train_.n, c_.world, c_.rank, o_.seed, static_cast<std::uint64_t>(epoch));
-  const auto nb = static_cast<std::int64_t>((idx.size() + B - 1) / B);
+  auto nb = static_cast<std::int64_t>((idx.size() + B - 1) / B);
+  const int world = c_.world;
   const std::int64_t log_every =
       o_.log_every > 0 ? o_.log_every : std::max<std::int64_t>(1, nb / 10);
   if (c_.progress != nullptr) {  // the run's total steps, for the agent's ETA
@@ -159,6 +162,9 @@ void Run::run_epoch(std::int64_t epoch) {
     if (!step_loss && healed_) {  // the step was dropped: go on from the state received
       healed_ = false;
       if (pos_.epoch != epoch) return;  // the sender had begun the next epoch
+      if (c_.world != world) {  // regrouped: this epoch's rest from the new world's shard
+        return run_epoch(epoch);
+      }
       mb = pos_.step;
       continue;
     }
@@ -226,6 +232,9 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
   const auto computing = Clock::now();
   std::int64_t rows_in_step = 0;  // this rank's samples in the step
   try {
+    if (c_.regroup_pending && c_.regroup_pending()) {  // as a peer's death: before any work
+      throw IoError("the agent regroups the job (a node left or joined)");
+    }
     for (; mb < group_end; ++mb) {
       const bool last = mb + 1 == group_end;  // its backward starts the all-reduce
       if (last && faulty && o_.fault.kind == FaultKind::hang && o_.fault.step == n &&

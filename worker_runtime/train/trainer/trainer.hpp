@@ -43,6 +43,11 @@ struct TrainContext {
   // and the launcher restarts the job (torchrun's rule).
   std::function<worker::Communicator*()> reconnect;
   int heal = 0;  // DDPRUN_HEAL: this process replaces a rank that died (the heal's ordinal)
+  // Regrouping (an elastic job that shrank or grew): true when the agent's regroup line came;
+  // the step then ends as a peer's death would, and reconnect() returns the new group's
+  // communicator (rank and world are then its rank() and size()). Null: no regrouping.
+  std::function<bool()> regroup_pending;
+  bool regroups = false;  // declared to the agent: "recover=elastic" instead of "in_place"
 };
 
 // Returns the exit code: 0 when done, 128 + signal when stopped by one. Throws on errors.

@@ -19,6 +19,8 @@ namespace ddp::worker {
 
 // A line is at most this long (well under PIPE_BUF, so a write of it is atomic).
 inline constexpr std::size_t kProgressLineMax = 160;
+// An agent's line to the worker (take_line) is at most this long.
+inline constexpr std::size_t kControlLineMax = 1024;
 
 // Pure: "step=<step>[ phase=<phase>][ t=<s>.<us>][ samples=<n>][ total=<n>]\n" into buf
 // (kProgressLineMax bytes); returns its length. An empty phase or a negative unix_us, samples
@@ -29,7 +31,8 @@ std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view 
 
 // Pure: DDPRUN_PROGRESS_FD's text as a descriptor number (3 and up: 0-2 are the standard
 // streams), or nullopt with `why` naming the variable and what is wrong.
-std::optional<int> parse_progress_fd(std::string_view text, std::string* why);
+std::optional<int> parse_progress_fd(std::string_view text, std::string* why,
+                                     std::string_view name = "DDPRUN_PROGRESS_FD");
 
 class ProgressWriter {
  public:
@@ -51,6 +54,13 @@ class ProgressWriter {
   // A line of its own for the agent, once (not a step): "recover=in_place" declares that this
   // worker recovers in place from a peer's death (docs/worker_runtime.md, "In-place recovery").
   void declare(std::string_view key_value) noexcept;
+  // The agent's lines to this worker come on a pipe of their own (DDPRUN_CONTROL_FD, its read
+  // end): it tells a running worker that its group changes (ddp/proto/regroup.hpp). listen()
+  // makes it non-blocking; false (and `why`) when it is not an open descriptor for reading.
+  bool listen(int control_fd, std::string* why);
+  // One line from it without its newline; nullopt when no whole line is waiting (or there is no
+  // control pipe). Never blocks. A line over kControlLineMax bytes is dropped whole.
+  std::optional<std::string> take_line();
   std::uint64_t written() const { return written_; }
   std::uint64_t dropped() const { return dropped_; }  // the pipe was full
 
@@ -59,6 +69,9 @@ class ProgressWriter {
   std::int64_t total_ = -1;
   std::uint64_t written_ = 0;
   std::uint64_t dropped_ = 0;
+  int control_fd_ = -1;
+  std::string in_;        // take_line(): what was read after the last whole line
+  bool overlong_ = false;  // in_ is the tail of a line too long to keep
 };
 
 }  // namespace ddp::worker

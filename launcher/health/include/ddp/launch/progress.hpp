@@ -32,6 +32,9 @@ struct ProgressLine {
   // no step (step is then -1).
   bool recover_in_place = false;
   bool recover_restart = false;
+  // "recover=elastic": in place, and it also regroups when its elastic job shrinks or grows
+  // around it (the agent's regroup line; recover_in_place is set too).
+  bool recover_regroup = false;
 };
 
 // One finished step of a rank on the wall clock, for the trace (status/trace).
@@ -72,8 +75,10 @@ struct RankProgress {
   std::int64_t total_steps = -1;   // the last total=
   double unix_at = -1;             // wall clock of the current step's first line
   std::deque<StepSpan> spans;      // finished steps, the newest kTraceSteps
-  bool recovers_in_place = false;  // declared "recover=in_place"
+  bool recovers_in_place = false;  // declared "recover=in_place" (or "elastic")
+  bool regroups = false;           // declared "recover=elastic"
   double first_step_unix = -1;     // wall clock of the first step line (a replacement's heal)
+  double healed_unix = -1;         // wall clock of the first line after a phase=heal line
 };
 
 // The per-worker pipes of one round.
@@ -90,6 +95,12 @@ class ProgressReader {
   // The agent's copies of the write ends are closed after the workers started.
   void after_start();
   std::vector<int> fds() const;  // the read ends (drained at each check, not polled)
+  // The other way: each rank also gets a control pipe, agent to worker. control_end() is the
+  // worker's read end (for DDPRUN_CONTROL_FD, closed here by after_start(); -1: none); tell()
+  // writes `line` (newline included) to it, whole or not at all (false: no such rank, the
+  // worker is gone, or the pipe is full). Lines are far shorter than PIPE_BUF.
+  int control_end(int local_rank) const;
+  bool tell(int local_rank, std::string_view line);
   void on_readable(int fd, SteadyTime now);
   // Progress by another channel (torch's file timer: an acquire or release).
   void note_activity(int local_rank, SteadyTime now);
@@ -103,9 +114,12 @@ class ProgressReader {
     int local_rank = 0;
     int read_fd = -1;
     int write_fd = -1;
+    int control_read = -1;   // the worker's, until after_start()
+    int control_write = -1;  // the agent's: tell()
     std::string pending;
     bool overlong = false;  // dropping the rest of a line longer than kMaxProgressLine
   };
+  static void close_pipe(Pipe& p);
   std::map<int, Pipe> pipes_;  // by read fd
   std::map<int, RankProgress> ranks_;
 };

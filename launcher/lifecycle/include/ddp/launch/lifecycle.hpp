@@ -4,6 +4,7 @@
 // ones: agent_ports.hpp; fakes: tests/unit/launcher/lifecycle/lifecycle_test.cpp).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -50,6 +51,14 @@ class RendezvousPort {
     (void)round;
     return add;
   }
+  // Regrouping (an elastic job that shrank or grew): this node says whether it carries running
+  // workers into `round`; true when the round regroups around the running workers (every node
+  // said, and one carries). Throws ddp::Error when the store cannot be reached.
+  virtual bool agree_regroup(const Round& round, bool carry) {
+    (void)round;
+    (void)carry;
+    return false;
+  }
 };
 
 // One round's workers (real: WorkerGroup + OutputPump, round_workers.hpp).
@@ -73,6 +82,17 @@ class WorkerLauncher {
     (void)local_rank;
     (void)heal;
     return "this launcher cannot start one worker alone";
+  }
+  // Regrouping: whether every local worker runs and declared "recover=elastic".
+  virtual bool can_regroup() const { return false; }
+  // Tells the running workers their places in `group` (each its regroup line) instead of
+  // starting new ones; `since`: when the change began (their first step after it ends it).
+  virtual SpawnResult regroup(const GroupInfo& group, std::chrono::system_clock::time_point since) {
+    (void)group;
+    (void)since;
+    SpawnResult r;
+    r.error = "this launcher cannot regroup running workers";
+    return r;
   }
 };
 
@@ -107,6 +127,7 @@ struct LifecycleConfig {
   int nproc = 1;
   int max_restarts = 0;
   int max_nodes = 1;
+  bool elastic = false;  // --nnodes MIN:MAX with MIN < MAX: a round may regroup its workers
   bool solo = false;
   StatusReporter* status = nullptr;  // the live status (status_reporter.hpp); null: none
 };

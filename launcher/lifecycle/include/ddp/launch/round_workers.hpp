@@ -26,7 +26,8 @@ struct SpawnPlan {
   std::string host;
   int nproc = 1;
   // When set, each worker gets a pipe of its own to report progress on, named by
-  // DDPRUN_PROGRESS_FD in its environment; `progress` keeps the read ends.
+  // DDPRUN_PROGRESS_FD in its environment, and one the agent writes to (DDPRUN_CONTROL_FD);
+  // `progress` keeps the agent's ends.
   ProgressReader* progress = nullptr;
 };
 

@@ -130,6 +130,10 @@ class Rendezvous {
 
   // The job's in-place heals, one counter for every round (lifecycle's count_heals).
   int count_heals(int add);
+  // Regrouping: each node of `round` says whether it carries running workers into it; once
+  // every node has said (within `timeout`), the round regroups around them when any does.
+  // False on a timeout (a node that never says: the round restarts its workers as before).
+  bool agree_regroup(const Round& round, bool carry, std::chrono::milliseconds timeout);
 
   std::string event_key(const Round& round) const;
   std::string event_key(int round) const;

@@ -28,6 +28,10 @@ struct GroupInfo {
   std::uint16_t master_port = 0;
   std::string run_id;
   std::string attempt_dir;  // <log_dir>/<run>/attempt_<n>; empty: no error files
+  // >= 0: the round in which this node's running workers regrouped (or which its new workers
+  // join while others keep running): workers started now join that group
+  // (DDPRUN_JOIN_ROUND, docs/worker_runtime.md "Regrouping").
+  int join_round = -1;
 };
 
 // True when `path` is an ELF file (a compiled program), which ddprun runs directly, as with

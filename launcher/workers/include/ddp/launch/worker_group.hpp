@@ -30,6 +30,7 @@ struct WorkerSpec {
   // An fd of the agent (>= 3, normally close-on-exec) that this worker alone keeps open across
   // exec, at the same number: its progress pipe (progress.hpp). -1: none.
   int keep_fd = -1;
+  int control_fd = -1;  // the same, for its control pipe's read end (DDPRUN_CONTROL_FD)
 };
 
 // The fds open in this process now (for main(), before it opens any: what ddprun inherited).
