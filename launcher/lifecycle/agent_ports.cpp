@@ -210,10 +210,13 @@ void LocalRound::check_heals() {
   }
 }
 
-bool LocalRound::can_regroup() const {
+bool LocalRound::can_regroup() {
   if (!workers_ || !progress_ || workers_->running() != static_cast<std::size_t>(s_.nproc)) {
     return false;
   }
+  // Their declarations may still wait in the pipes (drained at each check, not at each line).
+  const auto now = std::chrono::steady_clock::now();
+  for (int fd : progress_->fds()) progress_->on_readable(fd, now);
   for (int r = 0; r < s_.nproc; ++r) {
     const auto it = progress_->ranks().find(r);
     if (it == progress_->ranks().end() || !it->second.regroups) return false;

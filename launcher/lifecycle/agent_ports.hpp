@@ -139,7 +139,7 @@ class LocalRound final : public WorkerLauncher, public EventSource {
   }
 
   std::string respawn(int local_rank, int heal) override;
-  bool can_regroup() const override;
+  bool can_regroup() override;
   SpawnResult regroup(const GroupInfo& group, std::chrono::system_clock::time_point since) override;
 
   void open(const Round& round) override;

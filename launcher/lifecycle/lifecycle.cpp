@@ -228,10 +228,11 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
         carried && regroup ? workers.regroup(g, regroup_since) : workers.start(g);
     if (carried && regroup && spawned.error.empty()) {
       std::fprintf(stderr,
-                   "ddprun: the job regrouped around its running workers: %d nodes, %d ranks "
-                   "(round %d); this node's ranks are now %d to %d\n",
-                   round.group_world_size, round.world_size, round.number, g.base_global_rank,
-                   g.base_global_rank + c.nproc - 1);
+                   "ddprun: the job regrouped around its running workers: %d node%s, %d "
+                   "rank%s (round %d); this node's ranks are now %d to %d\n",
+                   round.group_world_size, round.group_world_size == 1 ? "" : "s",
+                   round.world_size, round.world_size == 1 ? "" : "s", round.number,
+                   g.base_global_rank, g.base_global_rank + c.nproc - 1);
     }
     carried = false;
     if (!spawned.error.empty()) {

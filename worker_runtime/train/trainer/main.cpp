@@ -438,7 +438,15 @@ int main(int argc, char** argv) {
         for (int r = 0; r < wenv.world_size; ++r) keys.push_back(member_of(g, r));
         const auto deadline = std::chrono::steady_clock::now() + co.timeout;
         const std::string gen_name = "generation " + std::to_string(g);
-        while (!co.store->check(keys)) {
+        const auto all_came = [&] {
+          try {
+            return co.store->check(keys);
+          } catch (const Error&) {
+            if (!regroups) throw;
+            return false;  // the store went with its node: a regroup line names the next one
+          }
+        };
+        while (!all_came()) {
           if (g_stop_signal.load() != 0) {
             throw IoError("in-place recovery: a stop signal while waiting for the ranks of " +
                           gen_name);
@@ -460,7 +468,11 @@ int main(int argc, char** argv) {
               apply_regroup();
               g = gen;
             }
-            co.store->set(member(g), "1");
+            try {
+              co.store->set(member(g), "1");
+            } catch (const Error&) {
+              if (!regroups || (g == 0 && !regrouped)) throw;  // else as in wait_for_members
+            }
             if ((g == 0 && !regrouped) || wait_for_members(g)) break;
           }
         }

@@ -1,7 +1,7 @@
 // Tests of progress.hpp: the line parser's edge cases (bare numbers, key=value fields in any
 // order, CRLF, junk, signs, numbers past int64), apply()'s state and step durations, and the
 // reader over real pipes: lines split across reads, several lines in one read, an overlong
-// line dropped and counted, EOF, and the write end's flags.
+// line dropped and counted, EOF, and the write end's flags; the control pipe the other way.
 #include "ddp/launch/progress.hpp"
 
 #include <fcntl.h>
@@ -9,7 +9,10 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <optional>
 #include <string>
+
+#include "ddp/worker/progress.hpp"
 
 using namespace ddp::launch;
 using namespace std::chrono_literals;
@@ -340,4 +343,53 @@ TEST_CASE("progress lines: the in-place recovery declaration", "[unit][launch][p
   CHECK_FALSE(r.recovers_in_place);
   ProgressReader::apply(r, *with_step, now);
   CHECK(r.recovers_in_place);
+}
+
+TEST_CASE("progress lines: recover=elastic regroups, a heal's end is timed",
+          "[unit][launch][progress]") {
+  auto elastic = parse_progress_line("recover=elastic");
+  REQUIRE(elastic);
+  CHECK(elastic->recover_in_place);  // in place too
+  CHECK(elastic->recover_regroup);
+  RankProgress r;
+  const auto now = SteadyTime{};
+  ProgressReader::apply(r, *elastic, now);
+  CHECK(r.regroups);
+  ProgressReader::apply(r, *parse_progress_line("recover=in_place"), now);
+  CHECK_FALSE(r.regroups);  // the last said holds
+  CHECK(r.recovers_in_place);
+  ProgressReader::apply(r, *parse_progress_line("step=7 phase=heal t=100.0"), now);
+  CHECK(r.healed_unix < 0);
+  ProgressReader::apply(r, *parse_progress_line("step=7 phase=heal t=100.2"), now);
+  CHECK(r.healed_unix < 0);
+  ProgressReader::apply(r, *parse_progress_line("step=7 phase=compute t=100.5"), now);
+  CHECK(r.healed_unix == Approx(100.5));
+}
+
+TEST_CASE("the control pipe: the agent's lines reach the worker's reader whole",
+          "[unit][launch][progress]") {
+  ProgressReader reader;
+  reader.open_rank(0, at(0));
+  const int theirs = reader.control_end(0);
+  REQUIRE(theirs >= 3);
+  CHECK(reader.control_end(1) == -1);
+  CHECK_FALSE(reader.tell(1, "x\n"));  // no such rank
+  // The worker's side: ProgressWriter::listen() on a copy of the read end (after_start closes
+  // the agent's copy, as it does once the worker holds its own).
+  const int mine = ::dup(theirs);
+  reader.after_start();
+  CHECK(reader.control_end(0) == -1);
+  ddp::worker::ProgressWriter w;
+  std::string why;
+  REQUIRE(w.listen(mine, &why));
+  CHECK_FALSE(w.take_line());  // nothing yet, and no block
+  REQUIRE(reader.tell(0, "regroup round=1\nsecond"));
+  CHECK(w.take_line() == std::optional<std::string>("regroup round=1"));
+  CHECK_FALSE(w.take_line());  // "second" has no newline yet
+  REQUIRE(reader.tell(0, " half\n" + std::string(2000, 'x') + "\nthird\n"));
+  CHECK(w.take_line() == std::optional<std::string>("second half"));
+  CHECK(w.take_line() == std::optional<std::string>("third"));  // the overlong one dropped
+  CHECK_FALSE(w.listen(1 << 20, &why));
+  CHECK_THAT(why, Catch::Contains("DDPRUN_CONTROL_FD=1048576"));
+  ::close(mine);
 }

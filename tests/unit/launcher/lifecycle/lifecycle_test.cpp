@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <string>
@@ -77,6 +78,14 @@ struct FakeRendezvous : RendezvousPort {
     return e;
   }
   void depart(const Round&) override { log.push_back("depart"); }
+  std::deque<bool> agreements;  // agree_regroup's answers, in turn (empty: false)
+  bool agree_regroup(const Round& r, bool carry) override {
+    log.push_back("vote " + std::to_string(r.number) + (carry ? " carry" : " none"));
+    if (agreements.empty()) return false;
+    const bool a = agreements.front();
+    agreements.pop_front();
+    return a;
+  }
 };
 
 struct FakeWorkers : WorkerLauncher {
@@ -101,6 +110,13 @@ struct FakeWorkers : WorkerLauncher {
   void finish() override { log.push_back("finish"); }
   void remove_temporary_logs() override { log.push_back("remove logs"); }
   void clear() override { log.push_back("clear"); }
+  bool regroupable = false;
+  bool can_regroup() override { return regroupable; }
+  SpawnResult regroup(const GroupInfo& g, std::chrono::system_clock::time_point) override {
+    groups.push_back(g);
+    log.push_back("regroup");
+    return {};
+  }
 };
 
 struct FakeEvents : EventSource {
@@ -392,4 +408,67 @@ TEST_CASE("lifecycle: a join timeout exits 1, a spare whose job finished exits 0
   spare.rdzv.rounds = {s};
   CHECK(spare() == 0);
   CHECK(spare.err.find("waited as a spare") != std::string::npos);
+}
+
+TEST_CASE("lifecycle: an elastic job regroups around workers that can, and only then",
+          "[unit][launch]") {
+  SECTION("a node lost: the workers keep running, are told their places, nothing restarts") {
+    Run run;
+    run.config.elastic = true;
+    run.workers.regroupable = true;
+    run.rdzv.rounds = {round(0, 1, 3, 1), round(1, 1, 2, 0)};
+    run.rdzv.agreements = {false, true};  // the first round: nobody carries
+    run.events.seen = {event(remote(RoundEvent::Kind::lost)),
+                       event(remote(RoundEvent::Kind::done), true)};
+    CHECK(run() == 0);
+    CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 1", "watch 0", "vote 0 none", "start",
+                         "unwatch", "form 1 expect 2 rc 1", "attempt 1", "watch 1",
+                         "vote 1 carry", "regroup", "finished 1", "finish", "depart",
+                         "remove logs"});
+    REQUIRE(run.workers.groups.size() == 2);
+    CHECK(run.workers.groups[0].join_round == -1);
+    CHECK(run.workers.groups[1].join_round == 1);  // a replacement joins the regrouped group
+    CHECK(run.workers.groups[1].base_global_rank == 0);
+    CHECK(run.err.find("the workers keep running (regrouping)") != std::string::npos);
+    CHECK(run.err.find("regrouped around its running workers: 2 nodes") != std::string::npos);
+  }
+  SECTION("the others did not agree: the carried workers stop and start anew") {
+    Run run;
+    run.config.elastic = true;
+    run.workers.regroupable = true;
+    run.rdzv.rounds = {round(0, 0), round(1, 0)};
+    run.events.seen = {event(remote(RoundEvent::Kind::join)),
+                       event(remote(RoundEvent::Kind::done), true)};
+    CHECK(run() == 0);
+    CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "vote 0 none", "start",
+                         "unwatch", "form 1 expect 2 rc 0", "attempt 0", "watch 1",
+                         "vote 1 carry", "stop 15", "clear", "start", "finished 1", "finish",
+                         "depart", "remove logs"});
+  }
+  SECTION("a node with no workers joins a group that regroups: its workers join it") {
+    Run run;
+    run.config.elastic = true;
+    run.rdzv.rounds = {round(4, 0)};
+    run.rdzv.agreements = {true};
+    run.events.seen = {event(remote(RoundEvent::Kind::done), true)};
+    CHECK(run() == 0);
+    REQUIRE(run.workers.groups.size() == 1);
+    CHECK(run.workers.groups[0].join_round == 4);
+    CHECK(run.log[4] == "start");
+  }
+  SECTION("workers that cannot regroup, or a job that is not elastic: stopped as before") {
+    for (const bool elastic : {true, false}) {
+      Run run;
+      run.config.elastic = elastic;
+      run.workers.regroupable = !elastic;
+      run.rdzv.rounds = {round(0, 0), round(1, 0, 1)};
+      run.events.seen = {event(remote(RoundEvent::Kind::lost)),
+                         event(remote(RoundEvent::Kind::done), true)};
+      CHECK(run() == 0);
+      CHECK(std::find(run.log.begin(), run.log.end(), "stop 15") != run.log.end());
+      CHECK(std::find(run.log.begin(), run.log.end(), "regroup") == run.log.end());
+      const bool voted = std::find(run.log.begin(), run.log.end(), "vote 1 none") != run.log.end();
+      CHECK(voted == elastic);
+    }
+  }
 }

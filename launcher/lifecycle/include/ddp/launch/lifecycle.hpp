@@ -84,7 +84,7 @@ class WorkerLauncher {
     return "this launcher cannot start one worker alone";
   }
   // Regrouping: whether every local worker runs and declared "recover=elastic".
-  virtual bool can_regroup() const { return false; }
+  virtual bool can_regroup() { return false; }
   // Tells the running workers their places in `group` (each its regroup line) instead of
   // starting new ones; `since`: when the change began (their first step after it ends it).
   virtual SpawnResult regroup(const GroupInfo& group, std::chrono::system_clock::time_point since) {
