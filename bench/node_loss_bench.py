@@ -1,6 +1,9 @@
 """node_loss_bench: a whole node lost in an elastic job (issue 34, docs/perf.md): the time from
 the node's death (its agent and its workers SIGKILLed together) until the surviving nodes train
-again, and how many steps they compute again.
+again, and how many steps they compute again. Two modes, alternating trial by trial in one run:
+`regroup` (ddp-train's default: the survivors' workers run on and regroup into a world of 4) and
+`restart` (--recovery restart: the survivors' workers are stopped, save, and start again from
+that snapshot, as before regrouping).
 
 Each trial: ddprund on loopback as the store, 3 ddprun agents (--nnodes 2:3, 2 ranks each,
 ddp-train's MLP on Fashion-MNIST, a snapshot every epoch, --log-every 1 so rank 0 prints every
@@ -11,8 +14,8 @@ node 0's output, as it arrives: the death until its first step line after the jo
 Each agent keeps ddprun's defaults (keep-alive 5 s x 3 attempts) unless --rdzv-conf is given.
 
 Reproduce:
-  scripts/loopback_only.sh python3 bench/node_loss_bench.py --bin build/bin --trials 5 \\
-    --out /tmp/node_loss.json
+  scripts/loopback_only.sh python3 bench/node_loss_bench.py --bin build/bin --trials 10 \\
+    --modes regroup,restart --out /tmp/node_loss.json
 """
 import argparse
 import json
@@ -29,7 +32,9 @@ import time
 from recovery_bench import start_store  # a fresh ddprund on an OS-chosen port
 
 STEP = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
-RESUMED = re.compile(r"resuming from snapshot .*\(global step (\d+)\)")
+RESUMED = re.compile(r"resuming from snapshot .*\(global step (\d+)\)|going on from global step (\d+)")
+# The survivors' workers train again after one of these (a new start, or a regroup's heal).
+AGAIN = ("resuming from snapshot", "ddp-train: mlp (", "regrouping (round")
 
 
 class Agent:
@@ -65,15 +70,16 @@ class Agent:
             return self.proc.wait()
 
 
-def trial(args, work, n):
+def trial(args, work, n, mode):
     store, port = start_store(args.bin, work)
-    snap = os.path.join(work, f"t{n}.ddp")
+    snap = os.path.join(work, f"t{n}{mode}.ddp")
     argv = [os.path.join(args.bin, "ddprun"), "--nnodes=2:3", "--nproc-per-node=2",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=nl{n}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=nl{n}{mode}",
             "--max-restarts=3", *([f"--rdzv-conf={args.rdzv_conf}"] if args.rdzv_conf else []),
             "--no-python", os.path.join(args.bin, "ddp-train"), str(args.epochs), "1",
             "--model", "mlp", "--train-subset", str(args.subset), "--threads", "1",
-            "--no-eval", "--log-every", "1", "--snapshot", snap]
+            "--no-eval", "--log-every", "1", "--snapshot", snap,
+            *(["--recovery", "restart"] if mode == "restart" else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     agents = []
     try:
@@ -105,18 +111,18 @@ def trial(args, work, n):
             raise RuntimeError(f"survivors exited {codes}:\n{text[-3000:]}")
         # The job re-formed: the first step line after the new workers' first line.
         restart = next((i for i, (t, l) in enumerate(lines)
-                        if t > killed_at and ("resuming from snapshot" in l or
-                                              "ddp-train: mlp (" in l)), None)
+                        if t > killed_at and any(a in l for a in AGAIN)), None)
         again = next(t for t, l in lines[restart:] if STEP.search(l))
-        resumed = RESUMED.findall(text)
-        redo = (killed_global - int(resumed[-1])) if resumed else None
+        resumed = [int(a or b) for a, b in RESUMED.findall(text)]
+        redo = (killed_global - resumed[-1]) if resumed else None
         if again - killed_at > args.keep_log_over:  # a slow one: keep what the survivors said
             with open(os.path.join(work, f"slow-trial-{n}.log"), "w") as f:
                 f.write("\n".join(f"{t - killed_at:+.3f} {l}" for t, l in
                                    agents[0].snapshot() + agents[1].snapshot()))
-        return {"train_again_s": again - killed_at, "steps_redone": redo,
+        return {"mode": mode, "train_again_s": again - killed_at, "steps_redone": redo,
                 "killed_at_global_step": killed_global,
-                "resumed_at": int(resumed[-1]) if resumed else None,
+                "resumed_at": resumed[-1] if resumed else None,
+                "regrouped": "regrouped around its running workers" in text,
                 "died_seen": "died or stopped answering" in text}
     finally:
         for a in agents:
@@ -138,21 +144,34 @@ def main():
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--keep-log-over", type=float, default=10.0,
                    help="seconds: a slower trial's output is kept in the work folder")
+    p.add_argument("--modes", default="regroup,restart",
+                   help="regroup (ddp-train's default), restart (--recovery restart), or both")
     p.add_argument("--out")
     args = p.parse_args()
     if not 1 <= args.trials <= 50:
         p.error("--trials must be in [1, 50]")
+    modes = args.modes.split(",")
+    if not modes or any(m not in ("regroup", "restart") for m in modes):
+        p.error("--modes: a comma list of regroup and restart")
     work = tempfile.mkdtemp(prefix="node-loss-bench-")
     rows = []
     for n in range(args.trials):
-        rows.append(trial(args, work, n))
-        print(f"trial {n + 1}/{args.trials}: {rows[-1]}", file=sys.stderr, flush=True)
-    again = [r["train_again_s"] for r in rows]
-    summary = {"train_again_s_median": statistics.median(again), "train_again_s_min": min(again),
-               "train_again_s_max": max(again),
-               "steps_redone_median": statistics.median(
-                   [r["steps_redone"] for r in rows if r["steps_redone"] is not None] or [0]),
-               "rdzv_conf": args.rdzv_conf or "defaults"}
+        for mode in modes:  # alternating: the machine's drift falls on both alike
+            rows.append(trial(args, work, n, mode))
+            print(f"trial {n + 1}/{args.trials}: {rows[-1]}", file=sys.stderr, flush=True)
+    summary = {"rdzv_conf": args.rdzv_conf or "defaults", "trials": args.trials}
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        again = [r["train_again_s"] for r in mine]
+        summary[mode] = {
+            "train_again_s_median": statistics.median(again), "train_again_s_min": min(again),
+            "train_again_s_max": max(again),
+            "steps_redone_median": statistics.median(
+                [r["steps_redone"] for r in mine if r["steps_redone"] is not None] or [0]),
+            "regrouped": sum(r["regrouped"] for r in mine)}
+    if len(modes) == 2:
+        summary["restart_over_regroup_median"] = (summary["restart"]["train_again_s_median"] /
+                                                  summary["regroup"]["train_again_s_median"])
     print(json.dumps(summary, indent=2))
     if args.out:
         with open(args.out, "w") as f:

@@ -316,7 +316,7 @@ bool Run::being_stopped(std::chrono::milliseconds wait) const {
   const auto until = Clock::now() + wait;
   while (c_.stop_signal->load() == 0) {
     if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return true;
 }

@@ -267,8 +267,10 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
     // A peer failed mid-step: the parameters are still those of pos_, which every rank
     // reached; keep them so the restarted job loses no finished step.
     const bool sharded = engine_->shard_layout() != nullptr;
-    // Healing in place, a stop's signal is given 100 ms: the survivors' stall is the point.
-    if (being_stopped(c_.reconnect ? std::chrono::milliseconds(100) : std::chrono::seconds(1))) {
+    const bool heals = c_.reconnect && (!sharded || copies_);
+    // Healing in place, a stop's signal is not waited for: the survivors' stall is the point,
+    // and a stop that comes during the heal ends it there (heal_from), with the same snapshot.
+    if (being_stopped(heals ? std::chrono::milliseconds(0) : std::chrono::seconds(1))) {
       // We are being stopped too (scancel signals every rank): the peer stopped one step
       // boundary earlier. Not a failure: the same snapshot, and the stop's exit code. (Sharded
       // ranks agree on their boundaries, so there the peer was not stopped by a signal and no
@@ -276,7 +278,7 @@ std::optional<double> Run::step(const std::vector<std::uint32_t>& idx, std::int6
       stop_on_signal(c_.stop_signal->load(), !sharded);
       return std::nullopt;
     }
-    if (c_.reconnect && (!sharded || copies_) && heal_from(e)) return std::nullopt;
+    if (heals && heal_from(e)) return std::nullopt;
     if (!sharded) {
       save(pos_, "a peer failed");
     } else if (leader()) {
