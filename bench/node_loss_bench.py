@@ -3,7 +3,9 @@ the node's death (its agent and its workers SIGKILLed together) until the surviv
 again, and how many steps they compute again. Two modes, alternating trial by trial in one run:
 `regroup` (ddp-train's default: the survivors' workers run on and regroup into a world of 4) and
 `restart` (--recovery restart: the survivors' workers are stopped, save, and start again from
-that snapshot, as before regrouping).
+that snapshot, as before regrouping). With --event join, a third node joins a 2-node job
+instead: timed from the new node's start, and the running ranks' stall (their last step line
+before the regroup or restart to their first one after).
 
 Each trial: ddprund on loopback as the store, 3 ddprun agents (--nnodes 2:3, 2 ranks each,
 ddp-train's MLP on Fashion-MNIST, a snapshot every epoch, --log-every 1 so rank 0 prints every
@@ -16,6 +18,7 @@ Each agent keeps ddprun's defaults (keep-alive 5 s x 3 attempts) unless --rdzv-c
 Reproduce:
   scripts/loopback_only.sh python3 bench/node_loss_bench.py --bin build/bin --trials 10 \\
     --modes regroup,restart --out /tmp/node_loss.json
+  (and the same with --event join --epochs 4 --out /tmp/node_join.json)
 """
 import argparse
 import json
@@ -82,44 +85,57 @@ def trial(args, work, n, mode):
             *(["--recovery", "restart"] if mode == "restart" else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     agents = []
+    joining = args.event == "join"
     try:
-        for _ in range(3):
+        for _ in range(2 if joining else 3):
             agents.append(Agent(argv, env))
             time.sleep(0.2)
-        killed_at = None
+        killed_at = None  # the node's death (join: the new node's start)
         deadline = time.monotonic() + args.timeout
         while killed_at is None and time.monotonic() < deadline:
             for _, line in agents[0].snapshot():
                 m = STEP.search(line)
                 if m and int(m.group(1)) == 2 and int(m.group(2)) >= args.kill_after:
-                    agents[2].kill_node()
-                    killed_at = time.monotonic()
+                    if joining:
+                        killed_at = time.monotonic()
+                        agents.append(Agent(argv, env))
+                    else:
+                        agents[2].kill_node()
+                        killed_at = time.monotonic()
                     break
             time.sleep(0.005)
         if killed_at is None:
             raise RuntimeError("the kill point never came:\n" +
                                "\n".join(l for _, l in agents[0].snapshot()[-30:]))
-        before = [m for m in (STEP.search(l) for t, l in agents[0].snapshot() if t <= killed_at)
-                  if m]
-        last = before[-1]  # rank 0's last step line before the death: epoch, step, steps
-        per_epoch = int(last.group(3))
-        killed_global = (int(last.group(1)) - 1) * per_epoch + int(last.group(2))
-        codes = [a.stop(args.timeout) for a in agents[:2]]
+        codes = [a.stop(args.timeout) for a in (agents if joining else agents[:2])]
         lines = agents[0].snapshot()
         text = "\n".join(l for _, l in lines)
-        if codes != [0, 0]:
+        if set(codes) != {0}:
             raise RuntimeError(f"survivors exited {codes}:\n{text[-3000:]}")
-        # The job re-formed: the first step line after the new workers' first line.
+        # The job re-formed: the first step line after the new workers' first line (or the
+        # running ones' regroup).
         restart = next((i for i, (t, l) in enumerate(lines)
                         if t > killed_at and any(a in l for a in AGAIN)), None)
-        again = next(t for t, l in lines[restart:] if STEP.search(l))
+        # Rank 0's last step line before the death (joining: before the regroup or restart
+        # took effect; the steps until then are not lost): epoch, step, steps.
+        cut = restart if joining else next(
+            (i for i, (t, _) in enumerate(lines) if t > killed_at), len(lines))
+        before = [(t, m) for t, m in ((t, STEP.search(l)) for t, l in lines[:cut]) if m]
+        last_t, last = before[-1]
+        per_epoch = int(last.group(3))
+        killed_global = (int(last.group(1)) - 1) * per_epoch + int(last.group(2))
+        again = next((t for t, l in lines[restart or len(lines):] if STEP.search(l)), None)
+        if again is None:
+            raise RuntimeError("no step after the job re-formed (did it end first? more "
+                               "--epochs):\n" + text[-3000:])
         resumed = [int(a or b) for a, b in RESUMED.findall(text)]
         redo = (killed_global - resumed[-1]) if resumed else None
         if again - killed_at > args.keep_log_over:  # a slow one: keep what the survivors said
             with open(os.path.join(work, f"slow-trial-{n}.log"), "w") as f:
                 f.write("\n".join(f"{t - killed_at:+.3f} {l}" for t, l in
                                    agents[0].snapshot() + agents[1].snapshot()))
-        return {"mode": mode, "train_again_s": again - killed_at, "steps_redone": redo,
+        return {"mode": mode, "event": args.event, "train_again_s": again - killed_at,
+                "stall_s": again - last_t, "steps_redone": redo,
                 "killed_at_global_step": killed_global,
                 "resumed_at": resumed[-1] if resumed else None,
                 "regrouped": "regrouped around its running workers" in text,
@@ -144,6 +160,9 @@ def main():
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--keep-log-over", type=float, default=10.0,
                    help="seconds: a slower trial's output is kept in the work folder")
+    p.add_argument("--event", choices=("lose", "join"), default="lose",
+                   help="lose: node 2 is SIGKILLed; join: a third node joins a 2-node job "
+                        "(timed from its start)")
     p.add_argument("--modes", default="regroup,restart",
                    help="regroup (ddp-train's default), restart (--recovery restart), or both")
     p.add_argument("--out")
@@ -159,13 +178,15 @@ def main():
         for mode in modes:  # alternating: the machine's drift falls on both alike
             rows.append(trial(args, work, n, mode))
             print(f"trial {n + 1}/{args.trials}: {rows[-1]}", file=sys.stderr, flush=True)
-    summary = {"rdzv_conf": args.rdzv_conf or "defaults", "trials": args.trials}
+    summary = {"rdzv_conf": args.rdzv_conf or "defaults", "trials": args.trials,
+               "event": args.event}
     for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
         again = [r["train_again_s"] for r in mine]
         summary[mode] = {
             "train_again_s_median": statistics.median(again), "train_again_s_min": min(again),
             "train_again_s_max": max(again),
+            "stall_s_median": statistics.median(r["stall_s"] for r in mine),
             "steps_redone_median": statistics.median(
                 [r["steps_redone"] for r in mine if r["steps_redone"] is not None] or [0]),
             "regrouped": sum(r["regrouped"] for r in mine)}
