@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -41,19 +42,44 @@ def free_port():
         return s.getsockname()[1]
 
 
+def descendants(pid):
+    """Every process below `pid`, by /proc's parent links."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        kids = [c for c, pp in parent.items() if pp == todo.pop()]
+        out += kids
+        todo += kids
+    return out
+
+
 def run_pair(argv_of, env, timeout, port=None):
     """Two agents; returns (wall seconds, exit codes, their output together)."""
     port = port or free_port()
     t0 = time.monotonic()
     procs = [subprocess.Popen(argv_of(port), env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                              start_new_session=True)
              for _ in range(2)]
     outs = []
     for p in procs:
         try:
             outs.append(p.communicate(timeout=timeout)[0])
         except subprocess.TimeoutExpired:
-            p.kill()
+            # The agent and everything below it (torch starts each worker in a session of its
+            # own, so the agent's process group is not enough).
+            for pid in [*descendants(p.pid), p.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             outs.append(p.communicate()[0])
     return time.monotonic() - t0, [p.returncode for p in procs], "".join(outs)
 
@@ -125,9 +151,15 @@ def start_store(bin_dir, work):
 
 
 def torchrun_variant(args, work):
-    """torchrun's agents on a ddprund of their own per run: with the store in one of them (its
-    c10d default), the agent that hosts it may leave first and the other then fails reaching
-    it at the end (torch's known issue), which is not what is measured here."""
+    """torchrun's agents on a ddprund of their own per run (c10d), with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1. Without it torch 2.15 shares one store between the
+    rendezvous and the workers across restarts and gives the workers' keys no per-attempt prefix
+    (torch/distributed/rendezvous.py, env://; dynamic_rendezvous.py keeps the store of the first
+    round): restarted workers find the dead attempt's Gloo addresses and fail or hang in
+    init_process_group (pytorch/pytorch#135712; the agents' restart counts also differ, #108158).
+    With it, worker rank 0 hosts a new store each attempt, as the issue's workaround says. With
+    the store in one of the agents (torch's c10d default) the agent that hosts it may also leave
+    first and the other then fails reaching it at the end, which is not what is measured here."""
     script = os.path.join(HERE, "torch_ddp_train.py")
     runs = [0]
 
@@ -145,9 +177,9 @@ def torchrun_variant(args, work):
                     "--max-restarts=3", script, "--epochs", str(args.epochs), "--train-subset",
                     str(args.subset), "--checkpoint", ckpt,
                     *(["--kill-at", f"{kill[0]}:{kill[1]}"] if kill else [])]
+        env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         try:
-            wall, codes, out = run_pair(of, dict(os.environ, OMP_NUM_THREADS="1"), args.timeout,
-                                        store_port)
+            wall, codes, out = run_pair(of, env, args.timeout, store_port)
         finally:
             store.terminate()
             store.wait()

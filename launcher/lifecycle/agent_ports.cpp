@@ -241,6 +241,7 @@ SpawnResult LocalRound::regroup(const GroupInfo& group,
     line.group_world = group.group_world_size;
     line.master_addr = group.master_addr;
     line.master_port = group.master_port;
+    line.joining = group.joining_ranks;
     if (!progress_->tell(r, format_regroup(line))) {
       result.error = "cannot tell local rank " + std::to_string(r) +
                      " its place in the regrouped job (its control pipe is closed or full)";

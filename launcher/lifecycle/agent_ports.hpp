@@ -73,7 +73,7 @@ class StoreRendezvous final : public RendezvousPort {
     if (s_.on_stopping) s_.on_stopping();
   }
   int count_heals(const Round&, int add) override { return s_.rendezvous.count_heals(add); }
-  bool agree_regroup(const Round& round, bool carry) override {
+  int agree_regroup(const Round& round, bool carry) override {
     return s_.rendezvous.agree_regroup(round, carry, kRegroupVoteTimeout);
   }
 

@@ -209,20 +209,24 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
 
     // Regrouping (elastic jobs): every node says whether it carries running workers into the
     // round; if one does, those are told their new places and new workers join them.
-    bool regroup = false;
+    int carriers = 0;
     if (c.elastic && !c.solo) {
       try {
-        regroup = rdzv.agree_regroup(round, carried);
+        carriers = rdzv.agree_regroup(round, carried);
       } catch (const Error& e) {
         std::fprintf(stderr, "ddprun: cannot agree on regrouping (%s); starting anew\n", e.what());
       }
     }
+    const bool regroup = carriers > 0;
     if (carried && !regroup) {  // the others start anew: ours do too
       workers.stop(SIGTERM);
       if (st) st->workers_stopped();
       workers.clear();
     }
-    if (regroup) g.join_round = round.number;
+    if (regroup) {  // every node runs nproc workers: the carriers' run on, the others' join
+      g.join_round = round.number;
+      g.joining_ranks = std::max(0, round.world_size - carriers * c.nproc);
+    }
     // Spawn (or regroup), then watch until the policy says the round is over for this node.
     const SpawnResult spawned =
         carried && regroup ? workers.regroup(g, regroup_since) : workers.start(g);

@@ -54,18 +54,18 @@ int Rendezvous::count_heals(int add) {
   return static_cast<int>(store_.add(prefix_ + "/heals", add));
 }
 
-bool Rendezvous::agree_regroup(const Round& round, bool carry, std::chrono::milliseconds timeout) {
+int Rendezvous::agree_regroup(const Round& round, bool carry, std::chrono::milliseconds timeout) {
   const int r = round.number;
   const std::string carriers = key(r, "regroup_carriers");
   if (carry) store_.add(carriers, 1);  // before the vote: counted once every vote is in
   auto votes = store_.add(key(r, "regroup_votes"), 1);
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   while (votes < round.group_world_size) {
-    if (std::chrono::steady_clock::now() > give_up) return false;
+    if (std::chrono::steady_clock::now() > give_up) return 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     votes = store_.add(key(r, "regroup_votes"), 0);
   }
-  return store_.add(carriers, 0) > 0;
+  return static_cast<int>(store_.add(carriers, 0));
 }
 
 std::string Rendezvous::event_key(int round) const { return key(round, "event"); }

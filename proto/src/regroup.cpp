@@ -23,7 +23,7 @@ std::string format_regroup(const Regroup& r) {
          " local_world=" + std::to_string(r.local_world) +
          " group_rank=" + std::to_string(r.group_rank) +
          " group_world=" + std::to_string(r.group_world) + " master=" + r.master_addr + ":" +
-         std::to_string(r.master_port) + "\n";
+         std::to_string(r.master_port) + " joining=" + std::to_string(r.joining) + "\n";
 }
 
 Regroup parse_regroup(std::string_view line) {
@@ -33,8 +33,9 @@ Regroup parse_regroup(std::string_view line) {
     throw ConfigError("not a regroup line: '" + std::string(line.substr(0, 40)) + "'");
   }
   Regroup r;
-  constexpr std::array<std::string_view, 8> kKeys = {
-      "round", "rank", "world", "local_rank", "local_world", "group_rank", "group_world", "master"};
+  constexpr std::array<std::string_view, 9> kKeys = {"round",      "rank",       "world",
+                                                     "local_rank", "local_world", "group_rank",
+                                                     "group_world", "master",     "joining"};
   std::array<bool, kKeys.size()> seen{};
   std::string_view rest = line.substr(kWord.size());
   while (!rest.empty()) {
@@ -64,6 +65,7 @@ Regroup parse_regroup(std::string_view line) {
       case 4: r.local_world = static_cast<int>(parse_int(value, what, 1, kMaxRanks)); break;
       case 5: r.group_rank = static_cast<int>(parse_int(value, what, 0, kMaxRanks)); break;
       case 6: r.group_world = static_cast<int>(parse_int(value, what, 1, kMaxRanks)); break;
+      case 8: r.joining = static_cast<int>(parse_int(value, what, 0, kMaxRanks)); break;
       default: {
         const auto colon = value.rfind(':');
         if (colon == std::string_view::npos || colon == 0) {
@@ -85,6 +87,7 @@ Regroup parse_regroup(std::string_view line) {
   if (r.group_rank >= r.group_world) {
     throw ConfigError("regroup line: group_rank is not below group_world");
   }
+  if (r.joining >= r.world) throw ConfigError("regroup line: joining is not below world");
   if (r.local_world > r.world || r.group_world > r.world) {
     throw ConfigError("regroup line: local_world and group_world cannot exceed world");
   }

@@ -20,6 +20,7 @@ Regroup sample() {
   r.group_world = 3;
   r.master_addr = "10.0.0.5";
   r.master_port = 41234;
+  r.joining = 2;
   return r;
 }
 
@@ -48,7 +49,7 @@ TEST_CASE("a regroup line reads back as written", "[unit][proto][regroup]") {
   CHECK(parse_regroup(line_of(v6)) == v6);
   CHECK(line_of(r) ==
         "regroup round=7 rank=3 world=6 local_rank=1 local_world=2 group_rank=1 group_world=3 "
-        "master=10.0.0.5:41234");
+        "master=10.0.0.5:41234 joining=2");
 }
 
 TEST_CASE("a bad regroup line is refused by name", "[unit][proto][regroup]") {
@@ -75,4 +76,7 @@ TEST_CASE("a bad regroup line is refused by name", "[unit][proto][regroup]") {
   bad.replace(bad.find("master=10.0.0.5:41234"), 21, "master=nowhere");
   CHECK_THAT(refusal(bad), Catch::Contains("not <addr>:<port>"));
   CHECK_THAT(refusal(good + std::string(600, ' ')), Catch::Contains("longer than 512"));
+  bad = good;
+  bad.replace(bad.find("joining=2"), 9, "joining=6");
+  CHECK_THAT(refusal(bad), Catch::Contains("joining is not below world"));
 }

@@ -383,6 +383,7 @@ int main(int argc, char** argv) {
       // <prefix>/ddp_train/r<round>, from generation 0. The replicated engine only.
       const bool regroups = in_place && o.sharding == train::Sharding::none;
       std::optional<Regroup> regroup;  // read, not yet applied
+      bool counted = false;            // a joiner: counted itself in the new group's store
       bool regrouped = false;          // base is a regroup's namespace
       const auto read_control = [&] {
         while (auto line = progress.take_line()) {
@@ -426,6 +427,11 @@ int main(int argc, char** argv) {
         base += "/r" + std::to_string(join_round);
         regrouped = true;
       }
+      std::unique_ptr<worker::WorkerStore> peek;  // the new group's store, before regrouping
+      std::string peek_at;
+      const auto joined_key = [&](int round) {
+        return wenv.store_prefix() + "/ddp_train/r" + std::to_string(round) + "/joined";
+      };
       const auto member_of = [&](int g, int r) {
         return base + "/member/" + std::to_string(g) + "/" + std::to_string(r);
       };
@@ -470,6 +476,10 @@ int main(int argc, char** argv) {
             }
             try {
               co.store->set(member(g), "1");
+              if (join_round >= 0 && regroups && !counted) {  // ready: the running ranks may stop
+                co.store->add(joined_key(join_round), 1);
+                counted = true;
+              }
             } catch (const Error&) {
               if (!regroups || (g == 0 && !regrouped)) throw;  // else as in wait_for_members
             }
@@ -493,10 +503,34 @@ int main(int argc, char** argv) {
         ctx.reconnect = [&] { return connect(++gen); };  // declared when training starts
         if (regroups) {
           ctx.regroups = true;
-          ctx.regroup_pending = read_control;
+          // A new group with joining ranks: train on until they are ready (they count
+          // themselves in the new group's store once their data is loaded).
+          ctx.regroup_pending = [&] {
+            if (!read_control()) return false;
+            const Regroup& r = *regroup;
+            if (r.joining == 0) return true;
+            try {
+              if (!peek || peek_at != r.master_addr + ":" + std::to_string(r.master_port)) {
+                worker::WorkerEnv at = wenv;
+                at.master_addr = r.master_addr;
+                at.master_port = r.master_port;
+                peek = std::make_unique<worker::WorkerStore>(at);
+                peek_at = r.master_addr + ":" + std::to_string(r.master_port);
+              }
+              return peek->client()->add(joined_key(r.round), 0) >= r.joining;
+            } catch (const Error&) {
+              return true;  // cannot tell: regroup now, and wait for them there
+            }
+          };
         }
       }
-      connect(gen);
+      if (join_round >= 0 && regroups) {
+        // Joining a running job: connect once the data is loaded, so the running ranks, who
+        // train on until every joiner counted itself, stall only for the connection.
+        ctx.connect_late = [&] { return connect(gen); };
+      } else {
+        connect(gen);
+      }
       if (o.backend == train::Backend::nccl) {
         co.key_prefix = base + "/nccl";
         device_comm = worker::make_nccl_communicator(co, ctx.cuda_device);

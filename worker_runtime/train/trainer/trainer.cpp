@@ -98,6 +98,11 @@ void Run::announce() {
 
 int Run::go() {
   load_data();
+  if (c_.connect_late) {  // joining a running job: connect now, the data is in
+    engine_->heal([&] { return c_.comm = c_.connect_late(); });
+    c_.rank = c_.comm->rank();
+    c_.world = c_.comm->size();
+  }
   if (engine_->shard_layout() != nullptr && c_.reconnect && o_.shard_copy_every > 0 &&
       c_.comm != nullptr) {
     copies_ = std::make_unique<ShardCopies>();

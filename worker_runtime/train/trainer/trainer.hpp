@@ -48,6 +48,9 @@ struct TrainContext {
   // communicator (rank and world are then its rank() and size()). Null: no regrouping.
   std::function<bool()> regroup_pending;
   bool regroups = false;  // declared to the agent: "recover=elastic" instead of "in_place"
+  // A rank that joins a running job (DDPRUN_JOIN_ROUND): comm is null until the data is loaded;
+  // this connects it then (the running ranks wait for it only from there).
+  std::function<worker::Communicator*()> connect_late;
 };
 
 // Returns the exit code: 0 when done, 128 + signal when stopped by one. Throws on errors.

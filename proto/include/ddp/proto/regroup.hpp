@@ -2,7 +2,7 @@
 // grew around it (issue 34, docs/worker_runtime.md "Regrouping without a restart"). One line on
 // the worker's progress socket, agent to worker:
 //   regroup round=<n> rank=<r> world=<w> local_rank=<l> local_world=<lw> group_rank=<g>
-//           group_world=<gw> master=<addr>:<port>
+//           group_world=<gw> master=<addr>:<port> joining=<j>
 // Pure: formatting and parsing, no descriptors.
 #pragma once
 
@@ -22,6 +22,9 @@ struct Regroup {
   int group_world = 1;
   std::string master_addr;  // the new group's store (MASTER_ADDR, MASTER_PORT)
   std::uint16_t master_port = 0;
+  // Ranks of the new group that start anew (a joining node's) and take their state from the
+  // running ones: a running worker trains on until they are ready (docs/worker_runtime.md).
+  int joining = 0;
   bool operator==(const Regroup&) const = default;
 };
 

@@ -78,11 +78,11 @@ struct FakeRendezvous : RendezvousPort {
     return e;
   }
   void depart(const Round&) override { log.push_back("depart"); }
-  std::deque<bool> agreements;  // agree_regroup's answers, in turn (empty: false)
-  bool agree_regroup(const Round& r, bool carry) override {
+  std::deque<int> agreements;  // agree_regroup's answers (carrier nodes), in turn (empty: 0)
+  int agree_regroup(const Round& r, bool carry) override {
     log.push_back("vote " + std::to_string(r.number) + (carry ? " carry" : " none"));
-    if (agreements.empty()) return false;
-    const bool a = agreements.front();
+    if (agreements.empty()) return 0;
+    const int a = agreements.front();
     agreements.pop_front();
     return a;
   }
@@ -417,7 +417,7 @@ TEST_CASE("lifecycle: an elastic job regroups around workers that can, and only 
     run.config.elastic = true;
     run.workers.regroupable = true;
     run.rdzv.rounds = {round(0, 1, 3, 1), round(1, 1, 2, 0)};
-    run.rdzv.agreements = {false, true};  // the first round: nobody carries
+    run.rdzv.agreements = {0, 2};  // the first round: nobody carries; then both nodes do
     run.events.seen = {event(remote(RoundEvent::Kind::lost)),
                        event(remote(RoundEvent::Kind::done), true)};
     CHECK(run() == 0);
@@ -429,6 +429,7 @@ TEST_CASE("lifecycle: an elastic job regroups around workers that can, and only 
     CHECK(run.workers.groups[0].join_round == -1);
     CHECK(run.workers.groups[1].join_round == 1);  // a replacement joins the regrouped group
     CHECK(run.workers.groups[1].base_global_rank == 0);
+    CHECK(run.workers.groups[1].joining_ranks == 0);  // both nodes carry their workers
     CHECK(run.err.find("the workers keep running (regrouping)") != std::string::npos);
     CHECK(run.err.find("regrouped around its running workers: 2 nodes") != std::string::npos);
   }
@@ -448,12 +449,14 @@ TEST_CASE("lifecycle: an elastic job regroups around workers that can, and only 
   SECTION("a node with no workers joins a group that regroups: its workers join it") {
     Run run;
     run.config.elastic = true;
-    run.rdzv.rounds = {round(4, 0)};
-    run.rdzv.agreements = {true};
+    run.rdzv.rounds = {round(4, 0, 3)};
+    run.rdzv.rounds.front().round.world_size = 12;
+    run.rdzv.agreements = {2};  // two nodes carry 8 ranks: this one's 4 join them
     run.events.seen = {event(remote(RoundEvent::Kind::done), true)};
     CHECK(run() == 0);
     REQUIRE(run.workers.groups.size() == 1);
     CHECK(run.workers.groups[0].join_round == 4);
+    CHECK(run.workers.groups[0].joining_ranks == 4);
     CHECK(run.log[4] == "start");
   }
   SECTION("workers that cannot regroup, or a job that is not elastic: stopped as before") {

@@ -52,12 +52,12 @@ class RendezvousPort {
     return add;
   }
   // Regrouping (an elastic job that shrank or grew): this node says whether it carries running
-  // workers into `round`; true when the round regroups around the running workers (every node
-  // said, and one carries). Throws ddp::Error when the store cannot be reached.
-  virtual bool agree_regroup(const Round& round, bool carry) {
+  // workers into `round`; returns how many nodes do (every node said; > 0: the round regroups
+  // around them). Throws ddp::Error when the store cannot be reached.
+  virtual int agree_regroup(const Round& round, bool carry) {
     (void)round;
     (void)carry;
-    return false;
+    return 0;
   }
 };
 

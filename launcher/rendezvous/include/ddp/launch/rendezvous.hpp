@@ -132,8 +132,9 @@ class Rendezvous {
   int count_heals(int add);
   // Regrouping: each node of `round` says whether it carries running workers into it; once
   // every node has said (within `timeout`), the round regroups around them when any does.
-  // False on a timeout (a node that never says: the round restarts its workers as before).
-  bool agree_regroup(const Round& round, bool carry, std::chrono::milliseconds timeout);
+  // Returns how many nodes carry workers (0: no regroup; also on a timeout, a node that never
+  // says: the round restarts its workers as before).
+  int agree_regroup(const Round& round, bool carry, std::chrono::milliseconds timeout);
 
   std::string event_key(const Round& round) const;
   std::string event_key(int round) const;

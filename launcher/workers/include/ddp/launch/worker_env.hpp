@@ -32,6 +32,7 @@ struct GroupInfo {
   // join while others keep running): workers started now join that group
   // (DDPRUN_JOIN_ROUND, docs/worker_runtime.md "Regrouping").
   int join_round = -1;
+  int joining_ranks = 0;  // ... and how many of its ranks start anew (a joining node's)
 };
 
 // True when `path` is an ELF file (a compiled program), which ddprun runs directly, as with
