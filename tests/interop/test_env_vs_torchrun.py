@@ -38,7 +38,7 @@ TORCHRUN_INTERNAL = set()  # none left: TORCHELASTIC_SIGNALS_TO_HANDLE is export
 
 # ddprun's own additions, for features torchrun does not have (docs/env_vars.md): a worker may
 # use them; nothing of torchrun's contract changes. Only these may be added, none removed.
-DDPRUN_OWN = {"DDPRUN_PROGRESS_FD"}  # the progress pipe (docs/hangs.md)
+DDPRUN_OWN = {"DDPRUN_PROGRESS_FD", "DDPRUN_CONTROL_FD"}  # the progress and control pipes (docs/hangs.md, worker_runtime.md)
 
 # Equal under both launchers, rank for rank (absent in both counts as equal: e.g.
 # OMP_NUM_THREADS is only set when nproc-per-node > 1).
