@@ -228,6 +228,10 @@ LIST_FDS = textwrap.dedent("""
     assert progress in fds, (progress, fds)  # the worker's own progress pipe, open
     assert os.readlink(f"/proc/self/fd/{progress}").startswith("pipe:")
     fds.remove(progress)
+    control = int(os.environ.get("DDPRUN_CONTROL_FD", "-1"))
+    assert control in fds, (control, fds)  # the agent's control pipe to it, open for reading
+    assert os.readlink(f"/proc/self/fd/{control}").startswith("pipe:")
+    fds.remove(control)
     print("fds", " ".join(map(str, fds)), flush=True)
     if len(sys.argv) > 1:
         os.write(int(sys.argv[1]), f"hello from {os.environ['LOCAL_RANK']}\\n".encode())
