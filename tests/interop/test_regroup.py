@@ -32,10 +32,10 @@ def store():
 class Node:
     """One ddprun agent in a session of its own (a node: killpg ends it and its workers)."""
 
-    def __init__(self, tmp_path, name, argv):
+    def __init__(self, tmp_path, name, argv, env=None):
         self.log = open(tmp_path / f"{name}.log", "w+")
         self.proc = popen_retry(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=agent_env(),
+                                stdin=subprocess.DEVNULL, env=agent_env(env or {}),
                                 start_new_session=True)
 
     def text(self):
@@ -88,14 +88,24 @@ def leftovers(tag):
     return found
 
 
-def argv(store, tmp_path, name, epochs):
+def argv(store, tmp_path, name, epochs, max_restarts=0):
     metrics = tmp_path / f"{name}.json"
     return [DDPRUN, "--nnodes=2:3", "--nproc-per-node=2", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{store.port}", f"--rdzv-id={name}",
-            "--rdzv-conf=last_call_timeout=1", "--max-restarts=0", "--no-python", TRAIN,
+            "--rdzv-conf=last_call_timeout=1", f"--max-restarts={max_restarts}", "--no-python",
+            TRAIN,
             str(epochs), "1", "--model", "mlp", "--train-subset", "6000", "--threads", "1",
             "--no-eval", "--log-every", "1", "--snapshot", str(tmp_path / f"{name}.ddp"),
             "--metrics-json", str(metrics)], metrics
+
+
+def end(nodes, metrics):
+    """Whatever is still running is killed; then no process of the job may be left."""
+    for n in nodes:
+        if n.proc.poll() is None:
+            os.killpg(n.proc.pid, signal.SIGKILL)
+            n.proc.wait()
+    assert leftovers(str(metrics)) == []
 
 
 def test_a_lost_node_shrinks_the_job_around_the_running_workers(store, tmp_path):
@@ -127,11 +137,7 @@ def test_a_lost_node_shrinks_the_job_around_the_running_workers(store, tmp_path)
         assert m["world_size"] == 4, m
         assert m["epochs_run"] == 6 and m["final_loss"] < 1.0, m
     finally:
-        for n in nodes:
-            if n.proc.poll() is None:
-                os.killpg(n.proc.pid, signal.SIGKILL)
-                n.proc.wait()
-    assert leftovers(str(metrics)) == []
+        end(nodes, metrics)
 
 
 def test_a_node_that_joins_grows_the_job_and_heals_from_the_running_ranks(store, tmp_path):
@@ -159,8 +165,34 @@ def test_a_node_that_joins_grows_the_job_and_heals_from_the_running_ranks(store,
         assert m["world_size"] == 6, m
         assert m["epochs_run"] == 8 and m["final_loss"] < 1.0, m
     finally:
-        for n in nodes:
-            if n.proc.poll() is None:
-                os.killpg(n.proc.pid, signal.SIGKILL)
-                n.proc.wait()
-    assert leftovers(str(metrics)) == []
+        end(nodes, metrics)
+
+
+def test_a_rank_that_dies_after_a_regroup_is_healed_in_the_new_group(store, tmp_path):
+    """A node lost (regroup to 4 ranks), then rank 1 of the new group killed at global step 200
+    (DDP_TRAIN_FAULT counts the new ranks): its replacement joins the regrouped group's namespace
+    (DDPRUN_JOIN_ROUND with DDPRUN_HEAL) and is healed from a peer; the job ends."""
+    cmd, metrics = argv(store, tmp_path, "both", 8, max_restarts=1)
+    nodes = []
+    try:
+        for i in range(3):
+            nodes.append(Node(tmp_path, f"both{i}", cmd, {"DDP_TRAIN_FAULT": "1:200:kill"}))
+            time.sleep(0.2)
+        text = lambda: "\n".join(n.text() for n in nodes)
+        # Kill a node that holds neither rank 0 nor rank 1, early in epoch 2 (step 32 or so).
+        assert wait_for(lambda: any(e >= 2 for e, _ in nodes[0].steps()), 120), text()
+        victim = next(n for n in nodes[1:] if "[default0]:ddp-train: mlp" not in n.text())
+        victim.kill()
+        survivors = [n for n in nodes if n is not victim]
+        codes = [n.finish() for n in survivors]
+        out = "\n".join(n.text() for n in survivors)
+        assert codes == [0, 0], out
+        assert out.count("regrouped around its running workers: 2 nodes, 4 ranks") == 2, out
+        assert "rank 1 kills itself at step 200" in out, out
+        assert "replaced in place, the others go on (heal 1;" in out, out
+        assert "no disk read" in out, out
+        assert "resuming from snapshot" not in out, out
+        m = json.loads(metrics.read_text())
+        assert m["world_size"] == 4 and m["epochs_run"] == 8, m
+    finally:
+        end(nodes, metrics)

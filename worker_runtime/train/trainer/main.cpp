@@ -364,6 +364,17 @@ int main(int argc, char** argv) {
     std::string base;
     int gen = 0;
     std::function<worker::Communicator*(int)> connect;
+    // Regrouping's state (below): here, since connect() and ctx.regroup_pending use it for as
+    // long as training runs.
+    bool regroups = false;
+    std::optional<Regroup> regroup;  // read, not yet applied
+    bool counted = false;            // a joiner: counted itself in the new group's store
+    bool regrouped = false;          // base is a regroup's namespace
+    std::unique_ptr<worker::WorkerStore> peek;  // the new group's store, before regrouping
+    std::string peek_at;
+    std::function<bool()> read_control;
+    std::function<void()> apply_regroup;
+    std::function<std::string(int)> joined_key;
     if (launched && wenv.world_size > 1) {
       store = std::make_unique<worker::WorkerStore>(wenv);
       co.rank = wenv.rank;
@@ -381,11 +392,8 @@ int main(int argc, char** argv) {
       // Regrouping (an elastic job that shrank or grew, docs/worker_runtime.md): the agent's
       // regroup line gives this rank its new place; the new group lives under
       // <prefix>/ddp_train/r<round>, from generation 0. The replicated engine only.
-      const bool regroups = in_place && o.sharding == train::Sharding::none;
-      std::optional<Regroup> regroup;  // read, not yet applied
-      bool counted = false;            // a joiner: counted itself in the new group's store
-      bool regrouped = false;          // base is a regroup's namespace
-      const auto read_control = [&] {
+      regroups = in_place && o.sharding == train::Sharding::none;
+      read_control = [&] {
         while (auto line = progress.take_line()) {
           try {
             regroup = parse_regroup(*line);
@@ -396,7 +404,7 @@ int main(int argc, char** argv) {
         }
         return regroup.has_value();
       };
-      const auto apply_regroup = [&] {
+      apply_regroup = [&] {
         const Regroup r = *std::exchange(regroup, std::nullopt);
         std::cerr << rank_tag << ": regrouping (round " << r.round << "): rank " << r.rank
                   << " of " << r.world << " (was " << wenv.rank << " of " << wenv.world_size
@@ -427,9 +435,7 @@ int main(int argc, char** argv) {
         base += "/r" + std::to_string(join_round);
         regrouped = true;
       }
-      std::unique_ptr<worker::WorkerStore> peek;  // the new group's store, before regrouping
-      std::string peek_at;
-      const auto joined_key = [&](int round) {
+      joined_key = [&](int round) {
         return wenv.store_prefix() + "/ddp_train/r" + std::to_string(round) + "/joined";
       };
       const auto member_of = [&](int g, int r) {
