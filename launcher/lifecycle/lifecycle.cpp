@@ -234,9 +234,9 @@ int run_lifecycle(const LifecycleConfig& c, RendezvousPort& rdzv, WorkerLauncher
       std::fprintf(stderr,
                    "ddprun: the job regrouped around its running workers: %d node%s, %d "
                    "rank%s (round %d); this node's ranks are now %d to %d\n",
-                   round.group_world_size, round.group_world_size == 1 ? "" : "s",
-                   round.world_size, round.world_size == 1 ? "" : "s", round.number,
-                   g.base_global_rank, g.base_global_rank + c.nproc - 1);
+                   round.group_world_size, round.group_world_size == 1 ? "" : "s", round.world_size,
+                   round.world_size == 1 ? "" : "s", round.number, g.base_global_rank,
+                   g.base_global_rank + c.nproc - 1);
     }
     carried = false;
     if (!spawned.error.empty()) {

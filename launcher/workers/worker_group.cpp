@@ -209,7 +209,7 @@ WorkerGroup::Worker WorkerGroup::launch(std::size_t rank, const WorkerSpec& spec
       kernel_mask(spec.mem_node >= 0 ? std::vector<int>{spec.mem_node} : std::vector<int>{});
   const ChildSetup setup{::getpid(), pipefd[1],    spec.stdout_fd,       spec.stderr_fd,
                          &keep,      fallback_max, options_.nofile_soft, &cpu_mask,
-                         &mem_mask,  spec.keep_fd,         spec.control_fd};
+                         &mem_mask,  spec.keep_fd, spec.control_fd};
   OomWatch oom = watch_oom(::getpid());  // the worker starts in the agent's cgroup
   pid_t pid = ::fork();
   if (pid < 0) {

@@ -10,8 +10,8 @@ namespace ddp {
 
 namespace {
 
-constexpr std::int64_t kMaxRanks = 1 << 24;     // ranks and nodes of one job
-constexpr std::size_t kMaxLine = 512;           // an address of 253 bytes fits with room
+constexpr std::int64_t kMaxRanks = 1 << 24;  // ranks and nodes of one job
+constexpr std::size_t kMaxLine = 512;        // an address of 253 bytes fits with room
 constexpr std::string_view kWord = "regroup";
 
 }  // namespace
@@ -33,9 +33,9 @@ Regroup parse_regroup(std::string_view line) {
     throw ConfigError("not a regroup line: '" + std::string(line.substr(0, 40)) + "'");
   }
   Regroup r;
-  constexpr std::array<std::string_view, 9> kKeys = {"round",      "rank",       "world",
-                                                     "local_rank", "local_world", "group_rank",
-                                                     "group_world", "master",     "joining"};
+  constexpr std::array<std::string_view, 9> kKeys = {"round",       "rank",        "world",
+                                                     "local_rank",  "local_world", "group_rank",
+                                                     "group_world", "master",      "joining"};
   std::array<bool, kKeys.size()> seen{};
   std::string_view rest = line.substr(kWord.size());
   while (!rest.empty()) {
@@ -53,7 +53,8 @@ Regroup parse_regroup(std::string_view line) {
     const std::string_view value = field.substr(eq + 1);
     std::size_t k = 0;
     while (k < kKeys.size() && kKeys[k] != key) ++k;
-    if (k == kKeys.size()) throw ConfigError("regroup line: unknown field '" + std::string(key) + "'");
+    if (k == kKeys.size())
+      throw ConfigError("regroup line: unknown field '" + std::string(key) + "'");
     if (seen[k]) throw ConfigError("regroup line: field '" + std::string(key) + "' given twice");
     seen[k] = true;
     const std::string what = "regroup " + std::string(key);

@@ -367,9 +367,9 @@ int main(int argc, char** argv) {
     // Regrouping's state (below): here, since connect() and ctx.regroup_pending use it for as
     // long as training runs.
     bool regroups = false;
-    std::optional<Regroup> regroup;  // read, not yet applied
-    bool counted = false;            // a joiner: counted itself in the new group's store
-    bool regrouped = false;          // base is a regroup's namespace
+    std::optional<Regroup> regroup;             // read, not yet applied
+    bool counted = false;                       // a joiner: counted itself in the new group's store
+    bool regrouped = false;                     // base is a regroup's namespace
     std::unique_ptr<worker::WorkerStore> peek;  // the new group's store, before regrouping
     std::string peek_at;
     std::function<bool()> read_control;
@@ -406,9 +406,8 @@ int main(int argc, char** argv) {
       };
       apply_regroup = [&] {
         const Regroup r = *std::exchange(regroup, std::nullopt);
-        std::cerr << rank_tag << ": regrouping (round " << r.round << "): rank " << r.rank
-                  << " of " << r.world << " (was " << wenv.rank << " of " << wenv.world_size
-                  << ")\n"
+        std::cerr << rank_tag << ": regrouping (round " << r.round << "): rank " << r.rank << " of "
+                  << r.world << " (was " << wenv.rank << " of " << wenv.world_size << ")\n"
                   << std::flush;
         const bool moved = r.master_addr != wenv.master_addr || r.master_port != wenv.master_port;
         wenv.rank = r.rank;

@@ -143,8 +143,7 @@ int Run::go() {
 void Run::run_epoch(std::int64_t epoch) {
   const auto B = static_cast<std::size_t>(o_.batch_size);
   const auto K = static_cast<std::int64_t>(o_.grad_accum);
-  auto idx =
-      shard_indices(train_.n, c_.world, c_.rank, o_.seed, static_cast<std::uint64_t>(epoch));
+  auto idx = shard_indices(train_.n, c_.world, c_.rank, o_.seed, static_cast<std::uint64_t>(epoch));
   auto nb = static_cast<std::int64_t>((idx.size() + B - 1) / B);
   const int world = c_.world;
   const std::int64_t log_every =
@@ -167,7 +166,7 @@ void Run::run_epoch(std::int64_t epoch) {
     if (!step_loss && healed_) {  // the step was dropped: go on from the state received
       healed_ = false;
       if (pos_.epoch != epoch) return;  // the sender had begun the next epoch
-      if (c_.world != world) {  // regrouped: this epoch's rest from the new world's shard
+      if (c_.world != world) {          // regrouped: this epoch's rest from the new world's shard
         return run_epoch(epoch);
       }
       mb = pos_.step;

@@ -422,9 +422,8 @@ TEST_CASE("lifecycle: an elastic job regroups around workers that can, and only 
                        event(remote(RoundEvent::Kind::done), true)};
     CHECK(run() == 0);
     CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 1", "watch 0", "vote 0 none", "start",
-                         "unwatch", "form 1 expect 2 rc 1", "attempt 1", "watch 1",
-                         "vote 1 carry", "regroup", "finished 1", "finish", "depart",
-                         "remove logs"});
+                         "unwatch", "form 1 expect 2 rc 1", "attempt 1", "watch 1", "vote 1 carry",
+                         "regroup", "finished 1", "finish", "depart", "remove logs"});
     REQUIRE(run.workers.groups.size() == 2);
     CHECK(run.workers.groups[0].join_round == -1);
     CHECK(run.workers.groups[1].join_round == 1);  // a replacement joins the regrouped group
@@ -442,9 +441,9 @@ TEST_CASE("lifecycle: an elastic job regroups around workers that can, and only 
                        event(remote(RoundEvent::Kind::done), true)};
     CHECK(run() == 0);
     CHECK(run.log == Log{"form -1 expect 0 rc 0", "attempt 0", "watch 0", "vote 0 none", "start",
-                         "unwatch", "form 1 expect 2 rc 0", "attempt 0", "watch 1",
-                         "vote 1 carry", "stop 15", "clear", "start", "finished 1", "finish",
-                         "depart", "remove logs"});
+                         "unwatch", "form 1 expect 2 rc 0", "attempt 0", "watch 1", "vote 1 carry",
+                         "stop 15", "clear", "start", "finished 1", "finish", "depart",
+                         "remove logs"});
   }
   SECTION("a node with no workers joins a group that regroups: its workers join it") {
     Run run;

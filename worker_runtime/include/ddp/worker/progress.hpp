@@ -70,7 +70,7 @@ class ProgressWriter {
   std::uint64_t written_ = 0;
   std::uint64_t dropped_ = 0;
   int control_fd_ = -1;
-  std::string in_;        // take_line(): what was read after the last whole line
+  std::string in_;         // take_line(): what was read after the last whole line
   bool overlong_ = false;  // in_ is the tail of a line too long to keep
 };
 
