@@ -49,7 +49,7 @@ class ProgressJob:
         self.pending = {}
         self.lines = {r: [] for r in range(nproc)}
         self.bad = []
-        self.declared = collections.Counter()  # local rank -> "recover=in_place" lines
+        self.declared = collections.Counter()  # local rank -> "recover=..." declarations
         extra = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "3", **(env or {})}
         writes = []
         for r in range(nproc):
@@ -89,7 +89,9 @@ class ProgressJob:
             buf = self.pending[fd] + data
             *whole, self.pending[fd] = buf.split(b"\n")
             for raw in whole:
-                if raw == b"recover=in_place":  # the in-place recovery handshake, once
+                # The in-place recovery handshake, once: "elastic" where ddprun's control pipe
+                # is there to regroup on (docs/worker_runtime.md).
+                if raw in (b"recover=in_place", b"recover=elastic"):
                     self.declared[self.reads[fd]] += 1
                     continue
                 m = LINE.fullmatch(raw.decode())

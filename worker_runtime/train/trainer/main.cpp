@@ -392,7 +392,8 @@ int main(int argc, char** argv) {
       // Regrouping (an elastic job that shrank or grew, docs/worker_runtime.md): the agent's
       // regroup line gives this rank its new place; the new group lives under
       // <prefix>/ddp_train/r<round>, from generation 0. The replicated engine only.
-      regroups = in_place && o.sharding == train::Sharding::none;
+      // ... and only with the agent's control pipe to hear it on (else "recover=in_place").
+      regroups = in_place && o.sharding == train::Sharding::none && progress.listening();
       read_control = [&] {
         while (auto line = progress.take_line()) {
           try {

@@ -58,6 +58,7 @@ class ProgressWriter {
   // end): it tells a running worker that its group changes (ddp/proto/regroup.hpp). listen()
   // makes it non-blocking; false (and `why`) when it is not an open descriptor for reading.
   bool listen(int control_fd, std::string* why);
+  bool listening() const { return control_fd_ >= 0; }
   // One line from it without its newline; nullopt when no whole line is waiting (or there is no
   // control pipe). Never blocks. A line over kControlLineMax bytes is dropped whole.
   std::optional<std::string> take_line();
