@@ -30,12 +30,12 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 #include "ddp/proto/number.hpp"
-#include "ddp/proto/regroup.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/device.hpp"
 #include "ddp/worker/env.hpp"
 #include "ddp/worker/error_file.hpp"
+#include "ddp/worker/membership.hpp"
 #include "ddp/worker/progress.hpp"
 #include "conv_gemm.hpp"
 #include "mesh.hpp"
@@ -331,6 +331,7 @@ int main(int argc, char** argv) {
 
   worker::WorkerEnv wenv;
   std::string rank_tag = "ddp-train";
+  std::unique_ptr<worker::Membership> member;  // a job of more than one rank
   try {
     train::TrainContext ctx;
     ctx.stop_signal = &g_stop_signal;
@@ -338,9 +339,6 @@ int main(int argc, char** argv) {
     ctx.out = &std::cout;
     ctx.tty = ::isatty(STDOUT_FILENO) != 0;
     ctx.progress = progress.on() ? &progress : nullptr;
-    std::unique_ptr<worker::WorkerStore> store;
-    std::unique_ptr<worker::Communicator> comm;
-    std::unique_ptr<worker::Communicator> device_comm;
     std::unique_ptr<train::MeshComms> mesh;        // --model llama: the dp and tp groups
     const bool launched = env.count("RANK") != 0;  // else: one process, world size 1
     if (launched) {
@@ -356,196 +354,54 @@ int main(int argc, char** argv) {
       ctx.cuda_device = worker::pick_cuda_device(wenv.local_rank, kernels::cuda_device_count(),
                                                  cvd == env.end() ? std::string() : cvd->second);
     }
-    // In-place recovery (docs/ddp_train.md): generation g's host communicators live under
-    // <prefix>/ddp_train/g<g> (g 0: <prefix>/ddp_train); every rank marks its joining of g, so
-    // that a replacement (DDPRUN_HEAL) joins the one after the last its rank joined, as the
-    // survivors do after a failed collective.
-    worker::CommOptions co;
-    std::string base;
-    int gen = 0;
-    std::function<worker::Communicator*(int)> connect;
-    // Regrouping's state (below): here, since connect() and ctx.regroup_pending use it for as
-    // long as training runs.
-    bool regroups = false;
-    std::optional<Regroup> regroup;             // read, not yet applied
-    bool counted = false;                       // a joiner: counted itself in the new group's store
-    bool regrouped = false;                     // base is a regroup's namespace
-    std::unique_ptr<worker::WorkerStore> peek;  // the new group's store, before regrouping
-    std::string peek_at;
-    std::function<bool()> read_control;
-    std::function<void()> apply_regroup;
-    std::function<std::string(int)> joined_key;
     if (launched && wenv.world_size > 1) {
-      store = std::make_unique<worker::WorkerStore>(wenv);
-      co.rank = wenv.rank;
-      co.size = wenv.world_size;
-      co.store = store->client();
-      co.route_towards = wenv.master_addr;
-      if (auto iface = knobs::text("GLOO_SOCKET_IFNAME", &env)) co.iface = *iface;
-      base = wenv.store_prefix() + "/ddp_train";
+      // In-place recovery and regrouping (docs/ddp_train.md): the communicators' generations
+      // and the agent's regroup lines are the membership's (ddp/worker/membership.hpp).
       const std::string no_heal = in_place_blocker(o, wenv, progress.on());
       const bool in_place = o.in_place_recovery && no_heal.empty();
       if (recovery == "in-place" && !in_place && wenv.rank == 0) {  // auto: said in the docs
         std::cerr << "ddp-train: --recovery in-place is off: " << no_heal
                   << "; a failure restarts the job\n";
       }
-      // Regrouping (an elastic job that shrank or grew, docs/worker_runtime.md): the agent's
-      // regroup line gives this rank its new place; the new group lives under
-      // <prefix>/ddp_train/r<round>, from generation 0. The replicated engine only.
-      // ... and only with the agent's control pipe to hear it on (else "recover=in_place").
-      regroups = in_place && o.sharding == train::Sharding::none && progress.listening();
-      read_control = [&] {
-        while (auto line = progress.take_line()) {
-          try {
-            regroup = parse_regroup(*line);
-          } catch (const ConfigError& e) {
-            std::cerr << rank_tag << ": warning: a line from the agent: " << e.what()
-                      << "; ignored\n";
-          }
-        }
-        return regroup.has_value();
-      };
-      apply_regroup = [&] {
-        const Regroup r = *std::exchange(regroup, std::nullopt);
-        std::cerr << rank_tag << ": regrouping (round " << r.round << "): rank " << r.rank << " of "
-                  << r.world << " (was " << wenv.rank << " of " << wenv.world_size << ")\n"
-                  << std::flush;
-        const bool moved = r.master_addr != wenv.master_addr || r.master_port != wenv.master_port;
-        wenv.rank = r.rank;
-        wenv.world_size = r.world;
-        wenv.local_rank = r.local_rank;
-        wenv.local_world_size = r.local_world;
-        wenv.group_rank = r.group_rank;
-        wenv.group_world_size = r.group_world;
-        wenv.master_addr = r.master_addr;
-        wenv.master_port = r.master_port;
-        if (moved) {  // the new group's store (the old one may be gone with its node)
-          store = std::make_unique<worker::WorkerStore>(wenv);
-          co.store = store->client();
-        }
-        co.rank = r.rank;
-        co.size = r.world;
-        co.route_towards = r.master_addr;
-        base = wenv.store_prefix() + "/ddp_train/r" + std::to_string(r.round);
-        gen = 0;
-        regrouped = true;
-        rank_tag = "ddp-train rank " + std::to_string(r.rank);
-      };
-      if (join_round >= 0 && in_place) {  // a node that joins: the running ranks' namespace
-        base += "/r" + std::to_string(join_round);
-        regrouped = true;
-      }
-      joined_key = [&](int round) {
-        return wenv.store_prefix() + "/ddp_train/r" + std::to_string(round) + "/joined";
-      };
-      const auto member_of = [&](int g, int r) {
-        return base + "/member/" + std::to_string(g) + "/" + std::to_string(r);
-      };
-      const auto member = [&, member_of](int g) { return member_of(g, wenv.rank); };
-      // A heal's generation g > 0 (or a regroup's 0): every rank has marked it before the
-      // communicator forms. A stop signal while waiting (the agent restarting the job instead)
-      // ends the wait, so the rank can save and stop; a regroup line ends it too (false).
-      const auto wait_for_members = [&, member_of](int g) {
-        std::vector<std::string> keys;
-        for (int r = 0; r < wenv.world_size; ++r) keys.push_back(member_of(g, r));
-        const auto deadline = std::chrono::steady_clock::now() + co.timeout;
-        const std::string gen_name = "generation " + std::to_string(g);
-        const auto all_came = [&] {
-          try {
-            return co.store->check(keys);
-          } catch (const Error&) {
-            if (!regroups) throw;
-            return false;  // the store went with its node: a regroup line names the next one
-          }
-        };
-        while (!all_came()) {
-          if (g_stop_signal.load() != 0) {
-            throw IoError("in-place recovery: a stop signal while waiting for the ranks of " +
-                          gen_name);
-          }
-          if (regroups && read_control()) return false;
-          if (std::chrono::steady_clock::now() > deadline) {
-            throw IoError("in-place recovery: the ranks of " + gen_name + " did not all come");
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        return true;
-      };
-      connect = [&, in_place, member, wait_for_members](int g) {
-        comm.reset();  // first: its sockets close, and peers still blocked on them fail too
-        if (in_place) {
-          if (regroups) read_control();
-          while (true) {
-            if (regroup) {
-              apply_regroup();
-              g = gen;
-            }
-            try {
-              co.store->set(member(g), "1");
-              if (join_round >= 0 && regroups && !counted) {  // ready: the running ranks may stop
-                co.store->add(joined_key(join_round), 1);
-                counted = true;
-              }
-            } catch (const Error&) {
-              if (!regroups || (g == 0 && !regrouped)) throw;  // else as in wait_for_members
-            }
-            if ((g == 0 && !regrouped) || wait_for_members(g)) break;
-          }
-        }
-        co.key_prefix = (g == 0 ? base : base + "/g" + std::to_string(g)) + "/gloo";
-        comm = worker::make_gloo_communicator(co);
-        // Every rank on this host: all-reduce through shared memory (DDP_SHM_ALLREDUCE=0: off).
-        if (wenv.local_world_size == wenv.world_size && shm_allreduce) {
-          comm = worker::make_local_communicator(std::move(comm), co);
-        }
-        ctx.comm = comm.get();
-        return comm.get();
-      };
+      worker::MembershipConfig mc;
+      mc.env = wenv;
+      if (auto iface = knobs::text("GLOO_SOCKET_IFNAME", &env)) mc.comm.iface = *iface;
+      mc.in_place = in_place;
+      // Regrouping (an elastic job that shrank or grew): the replicated engine, and only with
+      // the agent's control pipe to hear the regroup line on (else "recover=in_place").
+      const bool regroups = in_place && o.sharding == train::Sharding::none && progress.listening();
+      mc.regroups = regroups;
+      mc.join_round = join_round;
+      mc.shm_allreduce = shm_allreduce;
+      mc.progress = &progress;
+      mc.stop_signal = &g_stop_signal;
+      member = std::make_unique<worker::Membership>(std::move(mc));
+      worker::Membership& m = *member;
+      const auto connect = [&] { return ctx.comm = m.connect(); };
       if (in_place) {
         ctx.heal = join_round >= 0 ? std::max(heal, 1) : heal;
-        if (ctx.heal > 0) {  // the generation after the last one this rank joined
-          while (co.store->check({member(gen)})) ++gen;
-        }
-        ctx.reconnect = [&] { return connect(++gen); };  // declared when training starts
+        if (ctx.heal > 0) m.skip_joined_generations();
+        ctx.reconnect = [&] { return ctx.comm = m.reconnect(); };  // declared when training starts
         if (regroups) {
           ctx.regroups = true;
           // A new group with joining ranks: train on until they are ready (they count
           // themselves in the new group's store once their data is loaded).
-          ctx.regroup_pending = [&] {
-            if (!read_control()) return false;
-            const Regroup& r = *regroup;
-            if (r.joining == 0) return true;
-            try {
-              if (!peek || peek_at != r.master_addr + ":" + std::to_string(r.master_port)) {
-                worker::WorkerEnv at = wenv;
-                at.master_addr = r.master_addr;
-                at.master_port = r.master_port;
-                peek = std::make_unique<worker::WorkerStore>(at);
-                peek_at = r.master_addr + ":" + std::to_string(r.master_port);
-              }
-              return peek->client()->add(joined_key(r.round), 0) >= r.joining;
-            } catch (const Error&) {
-              return true;  // cannot tell: regroup now, and wait for them there
-            }
-          };
+          ctx.regroup_pending = [&] { return m.regroup_pending(); };
         }
       }
-      if (join_round >= 0 && regroups) {
+      if (join_round >= 0 && ctx.regroups) {
         // Joining a running job: connect once the data is loaded, so the running ranks, who
         // train on until every joiner counted itself, stall only for the connection.
-        ctx.connect_late = [&] { return connect(gen); };
+        ctx.connect_late = connect;
       } else {
-        connect(gen);
+        connect();
       }
-      if (o.backend == train::Backend::nccl) {
-        co.key_prefix = base + "/nccl";
-        device_comm = worker::make_nccl_communicator(co, ctx.cuda_device);
-        ctx.device_comm = device_comm.get();
-      }
+      if (o.backend == train::Backend::nccl) ctx.device_comm = m.connect_device(ctx.cuda_device);
       if (o.model == train::ModelKind::llama) {
-        co.key_prefix = base + "/mesh";
+        worker::CommOptions co = m.options();
+        co.key_prefix = m.base() + "/mesh";
         mesh = std::make_unique<train::MeshComms>(
-            train::make_mesh_comms(comm.get(), co, train::parse_mesh(o.mesh, wenv.world_size),
+            train::make_mesh_comms(ctx.comm, co, train::parse_mesh(o.mesh, wenv.world_size),
                                    train::MeshBackend::gloo, shm_allreduce, ctx.cuda_device));
       }
     }
@@ -559,6 +415,7 @@ int main(int argc, char** argv) {
     return code;
   } catch (const std::exception& e) {
     const char* type = error_type(e);
+    if (member) rank_tag = member->tag();  // a regroup moves the rank
     std::cout << std::flush;
     std::cerr << rank_tag << ": error: " << e.what() << "\n" << std::flush;
     const auto ef = env.find("TORCHELASTIC_ERROR_FILE");
