@@ -165,12 +165,21 @@ void LocalRound::open(const Round& round) {
   }
 }
 
-// In-place recovery: the replacement starts alone; check_heals() says when it stepped.
+// In-place recovery: the replacement starts alone; check_heals() says when it stepped. The
+// node's other workers hear of the death on their control pipes (peer_lost, regroup.hpp).
 std::string LocalRound::respawn(int local_rank, int heal) {
   if (!workers_ || !pump_) return "no round is running";
   SpawnPlan plan{s_.config, group_, s_.agent_env, s_.prefix_template, s_.host, s_.nproc};
   plan.progress = progress_.get();
   const auto died = std::chrono::system_clock::now();
+  // The node's other workers first (best effort: a full or closed pipe is skipped): a
+  // collective that cannot see the death (NCCL between this node's GPUs) stops on it.
+  if (progress_) {
+    const std::string line = format_peer_lost({group_.base_global_rank + local_rank, heal});
+    for (int r = 0; r < s_.nproc; ++r) {
+      if (r != local_rank) progress_->tell(r, line);
+    }
+  }
   std::string err = respawn_worker(plan, local_rank, heal, *pump_, *workers_);
   if (err.empty()) {  // a replacement that died before its first step: only the new one counts
     std::erase_if(heals_, [&](const Heal& h) { return h.local_rank == local_rank; });

@@ -1,4 +1,4 @@
-// The agent's regroup line (regroup.hpp): format and parse, every field checked.
+// The agent's lines to a worker (regroup.hpp): format and parse, every field checked.
 #include "ddp/proto/regroup.hpp"
 
 #include <array>
@@ -93,6 +93,53 @@ Regroup parse_regroup(std::string_view line) {
     throw ConfigError("regroup line: local_world and group_world cannot exceed world");
   }
   return r;
+}
+
+std::string format_peer_lost(const PeerLost& p) {
+  return "peer_lost rank=" + std::to_string(p.rank) + " heal=" + std::to_string(p.heal) + "\n";
+}
+
+PeerLost parse_peer_lost(std::string_view line) {
+  if (line.size() > kMaxLine) throw ConfigError("peer_lost line longer than 512 bytes");
+  if (agent_line_kind(line) != "peer_lost") {
+    throw ConfigError("not a peer_lost line: '" + std::string(line.substr(0, 40)) + "'");
+  }
+  PeerLost p;
+  bool seen[2] = {false, false};
+  std::string_view rest = line.substr(std::string_view("peer_lost").size());
+  while (!rest.empty()) {
+    const auto sp = rest.find_first_not_of(' ');
+    if (sp == std::string_view::npos) break;
+    rest = rest.substr(sp);
+    const auto end = rest.find(' ');
+    const std::string_view field = rest.substr(0, end);
+    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+    const auto eq = field.find('=');
+    const std::string_view key = field.substr(0, eq);
+    const int k = key == "rank" ? 0 : key == "heal" ? 1 : -1;
+    if (eq == std::string_view::npos || k < 0) {
+      throw ConfigError("peer_lost line: '" + std::string(field) + "' is not rank= or heal=");
+    }
+    if (seen[k]) throw ConfigError("peer_lost line: field '" + std::string(key) + "' given twice");
+    seen[k] = true;
+    const auto v = parse_int(field.substr(eq + 1), "peer_lost " + std::string(key), k, kMaxRanks);
+    (k == 0 ? p.rank : p.heal) = static_cast<int>(v);
+  }
+  if (!seen[0] || !seen[1]) {
+    throw ConfigError(std::string("peer_lost line: field '") + (seen[0] ? "heal" : "rank") +
+                      "' missing");
+  }
+  return p;
+}
+
+std::string_view agent_line_kind(std::string_view line) {
+  for (const std::string_view word : {std::string_view("regroup"), std::string_view("peer_lost")}) {
+    if (line.substr(0, word.size()) == word &&
+        (line.size() == word.size() || line[word.size()] == ' ')) {
+      return word;
+    }
+  }
+  return {};
 }
 
 }  // namespace ddp

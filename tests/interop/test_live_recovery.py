@@ -104,6 +104,9 @@ def test_one_node_a_killed_rank_heals_and_the_run_is_the_uninterrupted_one(tmp_p
     assert_healed_equal(codes, text, m, reference[1], 1)
     assert "rank 1 kills itself at step 20" in text
     assert "step 20 dropped, healing in place" in text  # survivors, over shared memory
+    # the agent tells the node's other workers on their control pipes (NCCL would not see it)
+    assert "ddp-train rank 0: rank 1 was lost (heal 1)" in text, text
+    assert "ddp-train rank 2: rank 1 was lost (heal 1)" in text, text
     assert re.search(r"ddprun: rank 1 \(local_rank 1\), heal 1, healed in \d+\.\d+ s", text)
     # The trace: the heal is a span of the launcher's, inside the run phase, naming the rank.
     spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]

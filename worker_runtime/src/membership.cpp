@@ -49,10 +49,18 @@ void Membership::skip_joined_generations() {
 }
 
 bool Membership::read_control() {
-  if (!c_.regroups || c_.progress == nullptr) return regroup_.has_value();
+  if (!c_.in_place || c_.progress == nullptr) return regroup_.has_value();
   while (auto line = c_.progress->take_line()) {
     try {
-      regroup_ = parse_regroup(*line);
+      if (agent_line_kind(*line) == "peer_lost") {
+        const PeerLost p = parse_peer_lost(*line);
+        peer_lost_ = true;
+        std::cerr << tag() << ": rank " << p.rank << " was lost (heal " << p.heal << ")\n";
+      } else {
+        Regroup r = parse_regroup(*line);
+        if (!c_.regroups) throw ConfigError("a regroup line, but this worker did not declare one");
+        regroup_ = std::move(r);
+      }
     } catch (const ConfigError& e) {
       std::cerr << tag() << ": warning: a line from the agent: " << e.what() << "; ignored\n";
     }
@@ -109,7 +117,7 @@ bool Membership::wait_for_members(int g) {
     if (c_.stop_signal != nullptr && c_.stop_signal->load() != 0) {
       throw IoError("in-place recovery: a stop signal while waiting for the ranks of " + gen_name);
     }
-    if (c_.regroups && read_control()) return false;
+    if (read_control() && c_.regroups) return false;
     if (std::chrono::steady_clock::now() > deadline) {
       throw IoError("in-place recovery: the ranks of " + gen_name + " did not all come");
     }
@@ -141,6 +149,8 @@ Communicator* Membership::connect() {
       mark(gen_);
       if ((gen_ == 0 && !regrouped_) || wait_for_members(gen_)) break;
     }
+    read_control();
+    peer_lost_ = false;  // every member came: the losses said so far are healed
   }
   CommOptions co = c_.comm;
   co.key_prefix = generation_prefix(base_, gen_) + "/gloo";
@@ -155,6 +165,12 @@ Communicator* Membership::connect_device(int device) {
   device_.reset();
   CommOptions co = c_.comm;
   co.key_prefix = generation_prefix(base_, gen_) + "/nccl";
+  if (c_.in_place) {  // a dead peer on this node: NCCL would wait for it until the timeout
+    co.interrupted = [this] {
+      read_control();
+      return peer_lost_;
+    };
+  }
   device_ = c_.make_device(co, device);
   return device_.get();
 }

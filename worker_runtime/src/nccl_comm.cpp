@@ -37,7 +37,7 @@ using kernels::nccl;  // loaded at run time (gpu_libraries.hpp)
 class NcclCommunicator final : public Communicator, public StreamAllReduce {
  public:
   NcclCommunicator(const CommOptions& o, int device)
-      : rank_(o.rank), size_(o.size), timeout_(o.timeout) {
+      : rank_(o.rank), size_(o.size), timeout_(o.timeout), interrupted_(o.interrupted) {
     nccl();  // a missing NCCL is named here, before the store or the device are touched
     DDP_CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId id{};
@@ -209,6 +209,7 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(what, async_text(state));
       if (Clock::now() > deadline) fail(what, "timed out");
+      check_interrupted(what);
       std::this_thread::yield();
     }
   }
@@ -224,8 +225,17 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
       nccl().comm_get_async_error(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress) fail(what, async_text(state));
       if (Clock::now() > deadline) fail(what, "timed out (a peer stopped?)");
+      check_interrupted(what);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+  }
+  // CommOptions::interrupted, asked at most once a millisecond.
+  void check_interrupted(const char* what) {
+    if (!interrupted_) return;
+    const auto now = Clock::now();
+    if (now < next_ask_) return;
+    next_ask_ = now + std::chrono::milliseconds(1);
+    if (interrupted_()) fail(what, "a peer was lost (its agent said so)");
   }
   static bool equal(const std::vector<std::size_t>& counts) {
     return std::all_of(counts.begin(), counts.end(),
@@ -252,6 +262,8 @@ class NcclCommunicator final : public Communicator, public StreamAllReduce {
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
   bool aborted_ = false;
+  std::function<bool()> interrupted_;
+  Clock::time_point next_ask_{};
 };
 
 }  // namespace

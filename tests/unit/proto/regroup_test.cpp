@@ -1,5 +1,5 @@
-// The agent's regroup line: what format_regroup writes parse_regroup reads back, and every bad
-// field is refused by name.
+// The agent's lines to a worker: what format_regroup and format_peer_lost write their parsers
+// read back, every bad field is refused by name, and a line is told apart by its first word.
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -79,4 +79,39 @@ TEST_CASE("a bad regroup line is refused by name", "[unit][proto][regroup]") {
   bad = good;
   bad.replace(bad.find("joining=2"), 9, "joining=6");
   CHECK_THAT(refusal(bad), Catch::Contains("joining is not below world"));
+}
+
+TEST_CASE("a peer_lost line reads back as written, and a bad one is refused by name",
+          "[unit][proto][regroup]") {
+  const PeerLost p{5, 2};
+  const std::string line = format_peer_lost(p);
+  REQUIRE(line == "peer_lost rank=5 heal=2\n");
+  CHECK(parse_peer_lost(line.substr(0, line.size() - 1)) == p);
+  CHECK(parse_peer_lost("peer_lost   heal=1 rank=0") == PeerLost{0, 1});
+  const auto refused = [](const std::string& l) {
+    try {
+      parse_peer_lost(l);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(refused("peer_lostx rank=1 heal=1"), Catch::Contains("not a peer_lost line"));
+  CHECK_THAT(refused("peer_lost rank=1"), Catch::Contains("'heal' missing"));
+  CHECK_THAT(refused("peer_lost heal=1"), Catch::Contains("'rank' missing"));
+  CHECK_THAT(refused("peer_lost rank=1 rank=2 heal=1"), Catch::Contains("'rank' given twice"));
+  CHECK_THAT(refused("peer_lost rank=1 heal=0"), Catch::Contains("peer_lost heal '0'"));
+  CHECK_THAT(refused("peer_lost rank=-1 heal=1"), Catch::Contains("peer_lost rank"));
+  CHECK_THAT(refused("peer_lost rank=1 heal=1 colour=red"), Catch::Contains("'colour=red'"));
+  CHECK_THAT(refused("peer_lost rank=1 heal=1" + std::string(600, ' ')),
+             Catch::Contains("longer than 512"));
+}
+
+TEST_CASE("an agent line is told by its first word", "[unit][proto][regroup]") {
+  CHECK(agent_line_kind(line_of(sample())) == "regroup");
+  CHECK(agent_line_kind("peer_lost rank=1 heal=1") == "peer_lost");
+  CHECK(agent_line_kind("peer_lost") == "peer_lost");
+  CHECK(agent_line_kind("regrouped round=1").empty());
+  CHECK(agent_line_kind("").empty());
+  CHECK(agent_line_kind("hello regroup").empty());
 }

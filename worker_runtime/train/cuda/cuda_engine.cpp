@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,7 @@ class CudaEngine final : public Engine {
       : Engine(std::move(spec), opt),
         device_(o.device),
         max_rows_(o.max_rows),
+        reconnect_device_(o.reconnect_device),
         bf16_(o.precision == Precision::bf16),
         buckets_(plan_buckets(model_, std::size_t{1} << 20,
                               static_cast<std::size_t>(o.bucket_cap_mb * 1024 * 1024))) {
@@ -210,6 +212,28 @@ class CudaEngine final : public Engine {
     return loss;
   }
 
+  // In-place recovery (docs/ddp_train.md): step() already dropped the step (gradients zeroed,
+  // losses forgotten) and its NCCL communicator aborted itself. The compute stream is drained,
+  // the host communicator and then the device one of the next generation are connected, and
+  // the bucket all-reduces go to the new one. The state comes after, through the host copy
+  // (download() on the survivor that sends, upload() everywhere).
+  bool heal(const std::function<worker::Communicator*()>& reconnect) override {
+    if (!reconnect_device_) return false;
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    micro_ = 0;
+    DDP_CUDA_CHECK(cudaMemset(g_.get(), 0, model_.param_count() * sizeof(float)));
+    stream_comm_ = nullptr;
+    reconnect();
+    worker::Communicator* comm = reconnect_device_();
+    stream_comm_ = dynamic_cast<worker::StreamAllReduce*>(comm);
+    if (stream_comm_ == nullptr) {
+      throw ConfigError("the CUDA engine reduces gradients with the nccl communicator, not " +
+                        std::string(comm->backend()));
+    }
+    world_ = comm->size();
+    return true;
+  }
+
   const float* predict(const float* x, std::size_t rows) override {
     check_rows(rows);
     const std::size_t in = model_.spec().layers.front().in;
@@ -317,6 +341,7 @@ class CudaEngine final : public Engine {
 
   int device_;
   std::size_t max_rows_;
+  std::function<worker::Communicator*()> reconnect_device_;
   bool bf16_;
   std::vector<Bucket> buckets_;
   worker::StreamAllReduce* stream_comm_ = nullptr;

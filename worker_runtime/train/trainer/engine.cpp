@@ -90,6 +90,7 @@ std::unique_ptr<Engine> make_engine(const TrainOptions& o, const TrainContext& c
       co.max_rows = std::max(static_cast<std::size_t>(o.batch_size), kPredictChunkRows);
       co.precision = o.precision;
       co.bucket_cap_mb = o.bucket_cap_mb;
+      co.reconnect_device = c.reconnect_device;
       if (o.sharding != Sharding::none) {
         return make_cuda_sharded_engine(model_spec(o.model, o.hidden, o.layers), o.optimizer,
                                         c.device_comm, o.sharding, o.prefetch, co);

@@ -100,6 +100,9 @@ struct CudaEngineOptions {
   std::size_t max_rows = 0;  // the largest micro-batch or evaluation chunk (kPredictChunkRows)
   Precision precision = Precision::fp32;  // bf16: bf16 matrix products, the rest fp32
   double bucket_cap_mb = 25.0;
+  // In-place recovery: the next generation's NCCL communicator (TrainContext::reconnect_device);
+  // empty, a peer's death restarts the job.
+  std::function<worker::Communicator*()> reconnect_device;
 };
 // comm: an NCCL communicator (make_nccl_communicator) or null for one process. Throws
 // ConfigError in a build without CUDA.

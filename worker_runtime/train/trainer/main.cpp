@@ -138,13 +138,19 @@ const char* error_type(const std::exception& e) {
 }  // namespace
 
 // Why this run cannot recover in place ("" when it can): the CPU engines (sharded ones with
-// their shard copies) under a ddprun agent, with a store that outlives any rank (the agent's).
+// their shard copies) and the replicated CUDA engine, under a ddprun agent, with a store that
+// outlives any rank (the agent's).
 std::string in_place_blocker(const ddp::train::TrainOptions& o, const ddp::worker::WorkerEnv& w,
                              bool under_ddprun) {
   using namespace ddp::train;
   if (!under_ddprun) return "no ddprun agent to replace a rank alone (DDPRUN_PROGRESS_FD unset)";
   if (!w.use_agent_store) return "the job's store is rank 0's (TORCHELASTIC_USE_AGENT_STORE)";
-  if (o.device != Device::cpu) return "--device cuda recovers by a restart for now";
+  if (o.device != Device::cpu && o.sharding != Sharding::none) {
+    return "--device cuda with --sharding recovers by a restart for now";
+  }
+  if (o.device != Device::cpu && o.backend != Backend::nccl) {
+    return "--device cuda heals its NCCL communicator only (--backend nccl)";
+  }
   if (o.sharding != Sharding::none && o.shard_copy_every == 0) {
     return "--sharding with --shard-copy-every 0 keeps no copy of a rank's shard";
   }
@@ -183,9 +189,10 @@ int main(int argc, char** argv) {
   std::string recovery = "auto";
   app.add_option("--recovery", recovery,
                  "auto | in-place | restart: in-place: under ddprun, a rank that dies is replaced "
-                 "while the others keep their state and heal it from a peer (CPU engines; "
-                 "docs/ddp_train.md); restart: every rank restarts, as under torchrun; auto: "
-                 "in-place for the replicated CPU engine, else restart")
+                 "while the others keep their state and heal it from a peer (CPU engines, "
+                 "the replicated CUDA engine; docs/ddp_train.md); restart: every rank "
+                 "restarts, as under torchrun; auto: in-place for the replicated CPU engine, "
+                 "else restart")
       ->check(CLI::IsMember({"auto", "restart", "in-place"}))
       ->capture_default_str();
   app.add_option("--shard-copy-every", o.shard_copy_every,
@@ -325,8 +332,10 @@ int main(int argc, char** argv) {
   // auto: the replicated engine heals in place; a sharded one only when asked (--recovery
   // in-place), since its shard copies cost two more shards of memory per rank and who shards
   // does so for memory (docs/decisions.md).
+  // The CUDA engine's heal has not run on GPUs yet (docs/ddp_train.md): asked for only.
   o.in_place_recovery =
-      recovery == "in-place" || (recovery == "auto" && o.sharding == train::Sharding::none);
+      recovery == "in-place" ||
+      (recovery == "auto" && o.sharding == train::Sharding::none && o.device == train::Device::cpu);
   const int heal = static_cast<int>(knobs::integer("DDPRUN_HEAL", 0, 1 << 20, &env));
 
   worker::WorkerEnv wenv;
@@ -369,7 +378,8 @@ int main(int argc, char** argv) {
       mc.in_place = in_place;
       // Regrouping (an elastic job that shrank or grew): the replicated engine, and only with
       // the agent's control pipe to hear the regroup line on (else "recover=in_place").
-      const bool regroups = in_place && o.sharding == train::Sharding::none && progress.listening();
+      const bool regroups = in_place && o.sharding == train::Sharding::none &&
+                            o.device == train::Device::cpu && progress.listening();
       mc.regroups = regroups;
       mc.join_round = join_round;
       mc.shm_allreduce = shm_allreduce;
@@ -396,7 +406,14 @@ int main(int argc, char** argv) {
       } else {
         connect();
       }
-      if (o.backend == train::Backend::nccl) ctx.device_comm = m.connect_device(ctx.cuda_device);
+      if (o.backend == train::Backend::nccl) {
+        ctx.device_comm = m.connect_device(ctx.cuda_device);
+        if (in_place) {
+          ctx.reconnect_device = [&] {
+            return ctx.device_comm = m.connect_device(ctx.cuda_device);
+          };
+        }
+      }
       if (o.model == train::ModelKind::llama) {
         worker::CommOptions co = m.options();
         co.key_prefix = m.base() + "/mesh";

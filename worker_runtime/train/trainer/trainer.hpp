@@ -42,6 +42,9 @@ struct TrainContext {
   // rank (the dead one's replacement too) has joined it. Null: a peer's death ends this rank
   // and the launcher restarts the job (torchrun's rule).
   std::function<worker::Communicator*()> reconnect;
+  // The CUDA engine, after reconnect(): the device communicator (NCCL) of the same generation.
+  // Null: the CUDA engine cannot heal in place.
+  std::function<worker::Communicator*()> reconnect_device;
   int heal = 0;  // DDPRUN_HEAL: this process replaces a rank that died (the heal's ordinal)
   // Regrouping (an elastic job that shrank or grew): true when the agent's regroup line came;
   // the step then ends as a peer's death would, and reconnect() returns the new group's

@@ -1,8 +1,11 @@
-// The agent's regroup line: what ddprun tells a running worker when its elastic job shrank or
-// grew around it (issue 34, docs/worker_runtime.md "Regrouping without a restart"). One line on
-// the worker's progress socket, agent to worker:
-//   regroup round=<n> rank=<r> world=<w> local_rank=<l> local_world=<lw> group_rank=<g>
-//           group_world=<gw> master=<addr>:<port> joining=<j>
+// The agent's lines to a running worker (issue 34, docs/worker_runtime.md), one a line on the
+// worker's control pipe (DDPRUN_CONTROL_FD):
+// - regroup: its elastic job shrank or grew around it ("Regrouping"):
+//     regroup round=<n> rank=<r> world=<w> local_rank=<l> local_world=<lw> group_rank=<g>
+//             group_world=<gw> master=<addr>:<port> joining=<j>
+// - peer_lost: a rank of its node died and is being replaced in place ("In-place recovery"),
+//   so a collective that cannot see the death itself (NCCL between GPUs of one node) stops:
+//     peer_lost rank=<global rank> heal=<the heal's ordinal>
 // Pure: formatting and parsing, no descriptors.
 #pragma once
 
@@ -33,5 +36,18 @@ std::string format_regroup(const Regroup& r);
 // One line (without its newline). Throws ddp::ConfigError naming the field that is missing,
 // repeated, unknown or out of range (rank < world, local_rank < local_world, ...).
 Regroup parse_regroup(std::string_view line);
+
+struct PeerLost {
+  int rank = 0;  // the dead worker's RANK
+  int heal = 1;  // its replacement's DDPRUN_HEAL
+  bool operator==(const PeerLost&) const = default;
+};
+
+std::string format_peer_lost(const PeerLost& p);  // newline included
+// Throws ddp::ConfigError naming what is wrong.
+PeerLost parse_peer_lost(std::string_view line);
+
+// The line's first word: "regroup", "peer_lost", or "" for anything else.
+std::string_view agent_line_kind(std::string_view line);
 
 }  // namespace ddp

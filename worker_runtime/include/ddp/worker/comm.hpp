@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,6 +119,10 @@ struct CommOptions {
   std::string route_towards = "127.0.0.1";
   std::string iface;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // torch's default pg timeout
+  // NCCL: asked about once a millisecond while a collective waits; true aborts the communicator
+  // and throws ddp::NcclError (in-place recovery: the agent said a peer is lost, a death NCCL
+  // does not see between the GPUs of one node). Empty: never.
+  std::function<bool()> interrupted;
 };
 
 // Gloo over TCP: ranks publish their addresses under key_prefix and connect a full mesh.

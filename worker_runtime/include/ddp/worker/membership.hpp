@@ -71,6 +71,12 @@ class Membership {
   // True when a regroup line has come (reads the control pipe; never blocks). With joining
   // ranks, only once they counted themselves ready in the new group's store.
   bool regroup_pending();
+  // The agent said a peer of this node died (a peer_lost line) since the last generation
+  // formed: the device communicator's waits stop on it (CommOptions::interrupted).
+  bool peer_lost() {
+    read_control();
+    return peer_lost_;
+  }
 
   const WorkerEnv& env() const { return c_.env; }
   // Generation 0's prefix of this group (the mesh's and NCCL's communicators go under it).
@@ -99,6 +105,7 @@ class Membership {
   std::optional<Regroup> regroup_;     // read, not yet applied
   bool counted_ = false;               // a joiner counted itself in the new group's store
   bool regrouped_ = false;             // base_ is a regroup's group
+  bool peer_lost_ = false;             // the agent said a peer died since the last generation
   std::unique_ptr<WorkerStore> peek_;  // the new group's store, before regrouping
   std::string peek_at_;
 };
