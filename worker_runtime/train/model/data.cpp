@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -11,7 +12,10 @@
 
 namespace ddp::train {
 
-IdxArray parse_idx(std::string_view bytes, const std::string& name) {
+namespace {
+
+// The header of an IDX file: its dimensions; the header's length is 4 + 4 x their count.
+std::vector<std::uint32_t> parse_idx_header(std::string_view bytes, const std::string& name) {
   auto u8 = [&](std::size_t i) { return static_cast<std::uint8_t>(bytes[i]); };
   if (bytes.size() < 4)
     throw ConfigError(name + ": too short for an IDX header (" + std::to_string(bytes.size()) +
@@ -25,45 +29,90 @@ IdxArray parse_idx(std::string_view bytes, const std::string& name) {
   if (ndim == 0 || ndim > 4)
     throw ConfigError(name + ": IDX rank " + std::to_string(ndim) + " is not 1 to 4");
   if (bytes.size() < 4 + 4 * ndim) throw ConfigError(name + ": truncated IDX header");
-  IdxArray out;
+  std::vector<std::uint32_t> dims;
   std::size_t total = 1;
   for (std::size_t d = 0; d < ndim; ++d) {
     const std::size_t o = 4 + 4 * d;
     const std::uint32_t v = (std::uint32_t{u8(o)} << 24) | (std::uint32_t{u8(o + 1)} << 16) |
                             (std::uint32_t{u8(o + 2)} << 8) | std::uint32_t{u8(o + 3)};
-    out.dims.push_back(v);
+    dims.push_back(v);
     total *= v;
     if (total > (std::size_t{1} << 36)) throw ConfigError(name + ": IDX dimensions too large");
   }
-  const std::size_t have = bytes.size() - (4 + 4 * ndim);
-  if (have != total) {
-    throw ConfigError(name + ": IDX data has " + std::to_string(have) + " bytes, the header says " +
-                      std::to_string(total) + (have < total ? " (truncated file?)" : ""));
-  }
-  out.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(4 + 4 * ndim), bytes.end());
+  return dims;
+}
+
+std::size_t element_count(const std::vector<std::uint32_t>& dims) {
+  std::size_t total = 1;
+  for (auto d : dims) total *= d;
+  return total;
+}
+
+[[noreturn]] void wrong_size(const std::string& name, std::size_t have, std::size_t total) {
+  throw ConfigError(name + ": IDX data has " + std::to_string(have) + " bytes, the header says " +
+                    std::to_string(total) + (have < total ? " (truncated file?)" : ""));
+}
+
+}  // namespace
+
+IdxArray parse_idx(std::string_view bytes, const std::string& name) {
+  IdxArray out;
+  out.dims = parse_idx_header(bytes, name);
+  const std::size_t head = 4 + 4 * out.dims.size();
+  const std::size_t total = element_count(out.dims);
+  if (bytes.size() - head != total) wrong_size(name, bytes.size() - head, total);
+  out.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(head), bytes.end());
   return out;
 }
 
-IdxArray read_idx_file(const std::string& path) {
+// Streams the file through zlib (plain files pass through), reading only the first `limit`
+// items' bytes when a limit is given: a subset of Fashion-MNIST decompresses only its share.
+IdxArray read_idx_file(const std::string& path, std::size_t limit) {
   gzFile f = ::gzopen(path.c_str(), "rb");  // reads plain files too
   if (f == nullptr) {
     throw ConfigError(path + ": cannot open (" + std::strerror(errno) + ")");
   }
-  std::string bytes;
-  char buf[1 << 16];
-  for (;;) {
-    const int n = ::gzread(f, buf, sizeof buf);
-    if (n < 0) {
-      int code = 0;
-      const std::string msg = ::gzerror(f, &code);
-      ::gzclose(f);
-      throw ConfigError(path + ": read error (" + msg + "): a corrupt gzip file?");
+  ::gzbuffer(f, 1 << 17);
+  // Up to n bytes into `to`; the count read. Throws on a read error (a corrupt stream).
+  const auto read = [&](char* to, std::size_t n) {
+    std::size_t got = 0;
+    while (got < n) {
+      const auto chunk = static_cast<unsigned>(std::min<std::size_t>(n - got, 1u << 30));
+      const int r = ::gzread(f, to + got, chunk);
+      if (r < 0) {
+        int code = 0;
+        const std::string msg = ::gzerror(f, &code);
+        ::gzclose(f);
+        throw ConfigError(path + ": read error (" + msg + "): a corrupt gzip file?");
+      }
+      if (r == 0) break;
+      got += static_cast<std::size_t>(r);
     }
-    if (n == 0) break;
-    bytes.append(buf, static_cast<std::size_t>(n));
+    return got;
+  };
+  char head[4 + 4 * 4];
+  std::size_t have = read(head, 4);
+  const std::size_t ndim = have == 4 ? static_cast<std::uint8_t>(head[3]) : 0;
+  if (have == 4 && ndim >= 1 && ndim <= 4) have += read(head + 4, 4 * ndim);
+  IdxArray out;
+  try {
+    out.dims = parse_idx_header(std::string_view(head, have), path);
+  } catch (...) {
+    ::gzclose(f);
+    throw;
   }
+  const std::size_t total = element_count(out.dims);
+  const std::size_t item = out.dims[0] == 0 ? 0 : total / out.dims[0];
+  const bool cut = limit > 0 && limit < out.dims[0];
+  const std::size_t want = cut ? limit * item : total;
+  out.data.resize(want);
+  const std::size_t got = read(reinterpret_cast<char*>(out.data.data()), want);
+  char extra = 0;
+  const std::size_t beyond = cut || got < want ? 0 : read(&extra, 1);
   ::gzclose(f);
-  return parse_idx(bytes, path);
+  if (got < want || beyond > 0) wrong_size(path, got + beyond, total);
+  if (cut) out.dims[0] = static_cast<std::uint32_t>(limit);
+  return out;
 }
 
 namespace {
@@ -88,8 +137,8 @@ Dataset load_fashion_mnist(const std::string& dir, bool train, std::size_t limit
   const std::string split = train ? "train" : "t10k";
   const std::string img_path = find_file(dir, split + "-images-idx3-ubyte");
   const std::string lbl_path = find_file(dir, split + "-labels-idx1-ubyte");
-  IdxArray images = read_idx_file(img_path);
-  IdxArray labels = read_idx_file(lbl_path);
+  IdxArray images = read_idx_file(img_path, limit);
+  IdxArray labels = read_idx_file(lbl_path, limit);
   if (images.dims.size() != 3)
     throw ConfigError(img_path + ": expected 3 dimensions (n, rows, cols)");
   if (labels.dims.size() != 1) throw ConfigError(lbl_path + ": expected 1 dimension");
@@ -99,7 +148,6 @@ Dataset load_fashion_mnist(const std::string& dir, bool train, std::size_t limit
   }
   Dataset ds;
   ds.n = images.dims[0];
-  if (limit > 0 && limit < ds.n) ds.n = limit;
   ds.dim = std::size_t{images.dims[1]} * images.dims[2];
   ds.classes = 10;
   ds.x.resize(ds.n * ds.dim);

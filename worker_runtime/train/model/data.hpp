@@ -18,8 +18,10 @@ struct IdxArray {
 // Throws ddp::ConfigError "<name>: ..." for a bad magic, a type other than unsigned byte, or a
 // size that does not match the dimensions.
 IdxArray parse_idx(std::string_view bytes, const std::string& name);
-// Reads the file (gzip-compressed or plain) and parses it.
-IdxArray read_idx_file(const std::string& path);
+// Reads the file (gzip-compressed or plain) and parses it. limit > 0 reads only the first
+// `limit` items (dims[0] is then at most limit), so a subset does not decompress the rest; the
+// file's length is then checked only that far.
+IdxArray read_idx_file(const std::string& path, std::size_t limit = 0);
 
 struct Dataset {
   std::size_t n = 0;                 // samples

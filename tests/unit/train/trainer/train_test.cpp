@@ -82,6 +82,16 @@ TEST_CASE("IDX files: gzipped or plain are read, a truncated gzip stream is name
     ::gzclose(gz);
   }
   CHECK(read_idx_file(dir + "/plain.idx").data == read_idx_file(dir + "/packed.idx.gz").data);
+  // A limit reads only the first items (4 of 5 bytes each here), a limit past the end all.
+  for (const char* name : {"/plain.idx", "/packed.idx.gz"}) {
+    const IdxArray two = read_idx_file(dir + name, 2);
+    CHECK(two.dims == std::vector<std::uint32_t>{2, 5});
+    CHECK(two.data == std::vector<std::uint8_t>(raw.begin() + 12, raw.begin() + 22));
+    CHECK(read_idx_file(dir + name, 9).dims == std::vector<std::uint32_t>{4, 5});
+  }
+  std::ofstream(dir + "/long.idx", std::ios::binary) << raw << "x";
+  CHECK_THROWS_WITH(read_idx_file(dir + "/long.idx"), Catch::Contains("21 bytes"));
+  CHECK(read_idx_file(dir + "/long.idx", 3).dims[0] == 3);  // checked only as far as read
   std::ifstream in(dir + "/packed.idx.gz", std::ios::binary);
   std::string packed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::ofstream(dir + "/cut.idx.gz", std::ios::binary) << packed.substr(0, packed.size() / 2);
