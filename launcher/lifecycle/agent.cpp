@@ -211,8 +211,7 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
     etcd = etcd_settings(config, co.timeout);
     etcd_store = open_etcd_store(*etcd, "/ddprun/" + config.rdzv_id);
   } else {
-    rs = open_rendezvous_store(config, workers.bind, access);
-    tcp_store = connect_store(rs, co, sigfd);
+    tcp_store = host_or_join(rs, config, workers.bind, access, co, sigfd);
     if (!tcp_store) {
       int sig = read_signal(sigfd);
       std::fprintf(stderr,

@@ -251,6 +251,29 @@ std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv
   }
 }
 
+std::unique_ptr<rdzv::StoreClient> host_or_join(RendezvousStore& rs, const LaunchConfig& config,
+                                                const std::string& private_bind,
+                                                const StoreAccess& access, rdzv::ClientOptions co,
+                                                int sigfd) {
+  using std::chrono::milliseconds;
+  rs = open_rendezvous_store(config, private_bind, access);
+  const auto deadline = std::chrono::steady_clock::now() + co.connect_timeout;
+  while (rs.port_taken) {
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left <= milliseconds(1000)) break;  // the last try, with the full timeout's message
+    rdzv::ClientOptions quick = co;
+    quick.connect_timeout = milliseconds(1000);
+    try {
+      return connect_store(rs, quick, sigfd);
+    } catch (const IoError&) {
+      // nobody answered a second: the port may be free now
+    }
+    rs = open_rendezvous_store(config, private_bind, access);
+  }
+  return connect_store(rs, co, sigfd);
+}
+
 // When this agent could not host the store because the port was taken: join only a store that
 // an agent of this job hosts, or a plain one (a ddprund); refuse another job's agent store
 // instead of silently joining that job (torch's fallback).

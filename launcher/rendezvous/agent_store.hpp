@@ -59,6 +59,16 @@ std::size_t clear_worker_keys(rdzv::Store& store);
 std::unique_ptr<rdzv::StoreClient> connect_store(const RendezvousStore& rs, rdzv::ClientOptions co,
                                                  int sigfd);
 
+// open_rendezvous_store, then connect_store. When the port was taken as this agent meant to
+// host (another agent of this job won it, a ddprund, or a passing connection holding that
+// port a moment), nobody may be listening once it is free: then the agent tries to host again
+// after each second nobody answered, within co.connect_timeout, so that two agents that both
+// lost the port to a third process do not wait for each other until the join timeout.
+std::unique_ptr<rdzv::StoreClient> host_or_join(RendezvousStore& rs, const LaunchConfig& config,
+                                                const std::string& private_bind,
+                                                const StoreAccess& access, rdzv::ClientOptions co,
+                                                int sigfd);
+
 // When this agent could not host the store because the port was taken: join only a store that
 // an agent of this job hosts, or a plain one (a ddprund); refuse another job's agent store.
 void check_shared_store(rdzv::StoreClient& store, const std::string& run_id,

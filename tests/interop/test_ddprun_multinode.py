@@ -76,6 +76,32 @@ def test_ddp_gloo_job_on_two_c10d_nodes(launcher, tmp_path):
         assert all(g == recs[0]["params"] for g in r["gathered"])
 
 
+def test_both_agents_lose_the_port_to_a_passing_socket_and_still_meet(launcher, tmp_path):
+    """A third process holds the endpoint's port (bound, not listening) as both agents start:
+    neither can host, and nobody listens. Once the port is free one of them hosts after all,
+    instead of both waiting as clients for the join timeout (seen in bench/recovery_bench.py,
+    where an ephemeral port chosen for the store was taken a moment)."""
+    import socket
+    holder = socket.socket()  # no SO_REUSEADDR: the agents' binds fail while it holds the port
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    common = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+              f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={uuid.uuid4()}",
+              "--rdzv-conf=join_timeout=60", *SH, "echo rank $RANK of $WORLD_SIZE"]
+    try:
+        a = launcher.start(*common, name="nodeA")
+        b = launcher.start(*common, name="nodeB")
+        time.sleep(1.5)  # both tried to host and could not
+    finally:
+        holder.close()
+    t0 = time.monotonic()
+    assert a.wait(40) == 0, a.output() + b.output()
+    assert b.wait(20) == 0, a.output() + b.output()
+    assert time.monotonic() - t0 < 30, a.output() + b.output()  # not the join timeout
+    out = a.stdout + b.stdout
+    assert "rank 0 of 2" in out and "rank 1 of 2" in out, a.output() + b.output()
+
+
 # ------------------------------------------------------------------------ 2. static backend
 
 ENV_DUMP = ('env | grep -E "^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|'
