@@ -6,7 +6,7 @@ find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(CLI11 REQUIRED)
-find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto)  # HMAC-SHA256 of store authentication
+find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto SSL)  # HMAC-SHA256 of store authentication; TLS to etcd
 if(DDP_BUILD_TESTS)
   find_package(Catch2 2 REQUIRED)
 endif()

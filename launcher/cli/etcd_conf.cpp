@@ -1,9 +1,10 @@
-// The etcd-v3 backend's settings (etcd_conf.hpp): members, key prefix, auth; TLS refused by name.
+// The etcd-v3 backend's settings (etcd_conf.hpp): members, key prefix, auth, TLS.
 #include "ddp/launch/etcd_conf.hpp"
 
 #include <fstream>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/knobs.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -48,19 +49,60 @@ std::vector<Endpoint> etcd_members(const LaunchConfig& c) {
   }
 }
 
-void check_etcd_conf(const LaunchConfig& c) {
-  if (const std::string* p = conf(c, "protocol"); p && *p != "http") {
-    throw ConfigError("--rdzv-conf protocol=" + *p +
-                      ": ddprun's etcd client speaks plain http only (TLS is not built in; see "
-                      "docs/rendezvous.md)");
+rdzv::etcd::TlsOptions etcd_tls(const LaunchConfig& c, const knobs::Env* env) {
+  bool https = false;
+  try {
+    rdzv::etcd::parse_etcd_endpoints(c.rdzv_endpoint, &https);
+  } catch (const ConfigError& e) {
+    throw ConfigError("--rdzv-endpoint=" + c.rdzv_endpoint + ": " + e.what());
   }
-  for (const char* key : {"cacert", "cert", "key", "ca_cert", "ssl_cert", "ssl_cert_key"}) {
-    if (conf(c, key)) {
-      throw ConfigError(std::string("--rdzv-conf ") + key +
-                        ": TLS is not built in to ddprun's etcd client (plain http only; see "
-                        "docs/rendezvous.md)");
+  rdzv::etcd::TlsOptions t;
+  if (const std::string* p = conf(c, "protocol")) {
+    if (*p != "http" && *p != "https") {
+      throw ConfigError("--rdzv-conf protocol=" + *p + ": expected http or https");
     }
+    if (*p == "http" && https) {
+      throw ConfigError("--rdzv-conf protocol=http, but --rdzv-endpoint names https:// members");
+    }
+    https = https || *p == "https";
   }
+  t.on = https;
+  // Each file: torchrun's key, etcd-v2's alias (not both), else etcdctl's variable.
+  const auto file = [&](rdzv::etcd::TlsFile& f, const char* key, const char* alias,
+                        const char* var) {
+    const std::string* a = conf(c, key);
+    const std::string* b = conf(c, alias);
+    if (a && b) {
+      throw ConfigError(std::string("--rdzv-conf: give ") + key + " or " + alias + ", not both");
+    }
+    if (a || b) {
+      if (!https) {
+        throw ConfigError(std::string("--rdzv-conf ") + (a ? key : alias) +
+                          ": TLS settings need https: give protocol=https or https:// members");
+      }
+      f.path = a ? *a : *b;
+      f.from = std::string("--rdzv-conf ") + (a ? key : alias);
+    } else if (https) {
+      if (auto v = knobs::text(var, env); v && !v->empty()) {
+        f.path = *v;
+        f.from = var;
+      }
+    }
+    if (f.path.size() > 4096) throw ConfigError(f.from + ": a path over 4096 bytes");
+  };
+  file(t.cacert, "cacert", "ca_cert", "ETCDCTL_CACERT");
+  file(t.cert, "cert", "ssl_cert", "ETCDCTL_CERT");
+  file(t.key, "key", "ssl_cert_key", "ETCDCTL_KEY");
+  if (t.cert.path.empty() != t.key.path.empty()) {
+    const auto& given = t.cert.path.empty() ? t.key : t.cert;
+    throw ConfigError(given.from + "=" + given.path + ": a client certificate and its key go " +
+                      "together; give both (cert= and key=)");
+  }
+  return t;
+}
+
+void check_etcd_conf(const LaunchConfig& c) {
+  etcd_tls(c);
   const std::string prefix = key_prefix(c);
   if (prefix.size() > kMaxEtcdPrefix) {
     throw ConfigError("--rdzv-conf key_prefix: " + std::to_string(prefix.size()) + " bytes, over " +
@@ -95,6 +137,7 @@ EtcdSettings etcd_settings(const LaunchConfig& c, std::chrono::milliseconds requ
     if (const std::string* f = conf(c, "password_file")) s.options.password = read_password(*f);
   }
   s.key_prefix = key_prefix(c);
+  s.options.tls = etcd_tls(c);
   return s;
 }
 

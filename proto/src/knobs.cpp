@@ -79,7 +79,10 @@ constexpr Knob kKnobs[] = {
      "set by ddprun: the fd on which a worker writes one progress line per step"},
     {"DDPRUN_CONTROL_FD", Kind::integer, "", "ddp-train",
      "set by ddprun: the fd on which the agent tells a worker that its group changes (the "
-     "regroup line)"},
+     "regroup and peer_lost lines)"},
+    {"ETCDCTL_CACERT ETCDCTL_CERT ETCDCTL_KEY", Kind::text, "", "ddprun",
+     "etcd over TLS: the CA bundle, the client certificate and its key, as etcdctl reads them "
+     "(--rdzv-conf cacert, cert, key win)"},
     {"DDPRUN_JOIN_ROUND", Kind::integer, "", "ddp-train",
      "set by ddprun for a worker that joins a running elastic job: the round of the group it "
      "joins; it takes its state from the running ranks"},

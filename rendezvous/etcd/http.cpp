@@ -1,5 +1,6 @@
 // etcd's HTTP transport (etcd/http.hpp): non-blocking connect and poll-bounded reads and writes
-// on plain sockets, responses parsed by ResponseReader, members tried in turn.
+// on plain sockets or TLS over them (tls.hpp), responses parsed by ResponseReader, members
+// tried in turn.
 #include "ddp/rdzv/etcd/http.hpp"
 
 #include <fcntl.h>
@@ -39,19 +40,22 @@ std::string endpoints_text(const std::vector<Endpoint>& eps) {
   return s;
 }
 
-std::vector<Endpoint> parse_etcd_endpoints(std::string_view text) {
+std::vector<Endpoint> parse_etcd_endpoints(std::string_view text, bool* https) {
   std::vector<Endpoint> out;
   std::size_t at = 0;
+  int secure = -1;  // not said yet; 0: http://, 1: https://
   while (at <= text.size()) {
     auto comma = text.find(',', at);
     if (comma == std::string_view::npos) comma = text.size();
     std::string_view one = text.substr(at, comma - at);
     for (std::string_view scheme : {"http://", "https://"}) {
       if (one.substr(0, scheme.size()) == scheme) {
-        if (scheme == "https://") {
+        const int said = scheme == "https://" ? 1 : 0;
+        if (secure >= 0 && secure != said) {
           throw ConfigError("etcd endpoint '" + std::string(one) +
-                            "': TLS is not supported yet; give an http:// member");
+                            "': the members mix http:// and https://; a cluster speaks one");
         }
+        secure = said;
         one.remove_prefix(scheme.size());
       }
     }
@@ -63,13 +67,14 @@ std::vector<Endpoint> parse_etcd_endpoints(std::string_view text) {
     }
     at = comma + 1;
   }
+  if (https != nullptr) *https = secure == 1;
   return out;
 }
 
 // One socket to one member, with a reader for the response in progress.
 class Connection {
  public:
-  Connection(const Endpoint& ep, Clock::time_point deadline, int cancel_fd)
+  Connection(const Endpoint& ep, Clock::time_point deadline, int cancel_fd, const TlsContext* tls)
       : ep_(ep), cancel_fd_(cancel_fd) {
     addrinfo hints{};
     hints.ai_socktype = SOCK_STREAM;
@@ -83,8 +88,22 @@ class Connection {
       fd_ = try_connect(ai, deadline, err);
     ::freeaddrinfo(res);
     if (fd_ < 0) DDP_THROW(IoError, "etcd " + ep.str() + ": " + err);
+    if (tls != nullptr) {
+      try {
+        tls_ = std::make_unique<TlsSession>(*tls, fd_, ep.host, "etcd " + ep.str());
+        while (const short events = tls_->handshake()) {
+          wait_for(events, deadline,
+                   "in the TLS handshake (no answer: a plain http:// member, or a stopped one?)");
+        }
+      } catch (...) {
+        tls_.reset();
+        ::close(fd_);
+        throw;
+      }
+    }
   }
   ~Connection() {
+    tls_.reset();
     if (fd_ >= 0) ::close(fd_);
   }
   Connection(const Connection&) = delete;
@@ -93,6 +112,15 @@ class Connection {
   const Endpoint& endpoint() const { return ep_; }
 
   void send(std::string_view bytes, Clock::time_point deadline) {
+    while (tls_ && !bytes.empty()) {
+      const long n = tls_->write(bytes.data(), bytes.size());
+      if (n == 0) DDP_THROW(IoError, "etcd " + ep_.str() + ": the connection was closed");
+      if (n < 0) {
+        wait_for(static_cast<short>(-n), deadline, "sending");
+        continue;
+      }
+      bytes.remove_prefix(static_cast<std::size_t>(n));
+    }
     while (!bytes.empty()) {
       wait_for(POLLOUT, deadline, "sending");
       const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
@@ -105,8 +133,16 @@ class Connection {
   // Reads what is there into the reader; false when the deadline came first. Throws IoError on
   // EOF before the response is complete.
   bool read_some(ResponseReader& r, Clock::time_point deadline) {
-    if (!wait_for(POLLIN, deadline, nullptr)) return false;
     char buf[65536];
+    if (tls_) {
+      if (!tls_->pending() && !wait_for(POLLIN, deadline, nullptr)) return false;
+      const long n = tls_->read(buf, sizeof buf);
+      if (n == 0) DDP_THROW(IoError, "etcd " + ep_.str() + ": the connection was closed");
+      if (n == -POLLOUT) wait_for(POLLOUT, deadline, nullptr);
+      if (n > 0) r.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+      return true;  // n == -POLLIN: TLS records without data (a session ticket)
+    }
+    if (!wait_for(POLLIN, deadline, nullptr)) return false;
     const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
     if (n < 0) DDP_THROW(IoError, "etcd " + ep_.str() + ": recv: " + std::strerror(errno));
@@ -167,6 +203,7 @@ class Connection {
   Endpoint ep_;
   int cancel_fd_;
   int fd_ = -1;
+  std::unique_ptr<TlsSession> tls_;  // https:// members
 };
 
 namespace {
@@ -192,6 +229,7 @@ bool retryable(int status) {
 
 EtcdHttp::EtcdHttp(EtcdOptions options) : opts_(std::move(options)) {
   if (opts_.endpoints.empty()) throw ConfigError("etcd: no endpoint given");
+  if (opts_.tls.on) tls_ = std::make_unique<TlsContext>(opts_.tls);
 }
 
 EtcdHttp::~EtcdHttp() = default;
@@ -241,7 +279,8 @@ std::string EtcdHttp::post(std::string_view path, std::string_view body) {
     try {
       if (!conn_) {
         conn_ = std::make_unique<Connection>(
-            ep, std::min(deadline, Clock::now() + opts_.connect_timeout), opts_.cancel_fd);
+            ep, std::min(deadline, Clock::now() + opts_.connect_timeout), opts_.cancel_fd,
+            tls_.get());
         if (!opts_.user.empty() && token_.empty()) authenticate(deadline);
       }
       int status = 0;
@@ -296,7 +335,7 @@ EtcdStream::EtcdStream(const EtcdHttp& client, std::string_view path, std::strin
     const Endpoint& ep = o.endpoints[i % o.endpoints.size()];
     try {
       conn_ = std::make_unique<Connection>(ep, std::min(deadline, Clock::now() + o.connect_timeout),
-                                           o.cancel_fd);
+                                           o.cancel_fd, client.tls());
       conn_->send(request_text(ep, path, body, client.token()), deadline);
       ResponseReader r;
       while (!r.headers_done()) {
@@ -316,6 +355,8 @@ EtcdStream::EtcdStream(const EtcdHttp& client, std::string_view path, std::strin
       }
       last = ep.str() + ": " + msg;
     } catch (const ProtocolError&) {
+      throw;
+    } catch (const ConfigError&) {  // TLS: not trusted, refused, not TLS
       throw;
     } catch (const Error& e) {
       if (client.cancelled()) throw;

@@ -2,7 +2,9 @@
 installs it), 1 or 3 members on 127.0.0.1 on ports the OS chose, data in a private folder under
 /dev/shm with a 64 MiB backend quota, each member under RLIMIT_FSIZE, killed by PID. Skips
 visibly where etcd is not installed. The members' client URLs are `endpoints`; `leader()` asks
-each member's /v3/maintenance/status which one leads; `keys()` lists the keys (/v3/kv/range)."""
+each member's /v3/maintenance/status which one leads; `keys()` lists the keys (/v3/kv/range).
+With `tls` (tests/support/tls_certs.py's files) the members serve https only and demand a client
+certificate signed by the CA (--client-cert-auth); the helpers then use the client's."""
 import base64
 import json
 import os
@@ -10,6 +12,7 @@ import resource
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -40,20 +43,28 @@ def _ports(n):
             s.close()
 
 
-def post(endpoint, path, body, timeout=2.0):
-    req = urllib.request.Request(f"http://{endpoint}/v3/{path}", data=json.dumps(body).encode(),
+def post(endpoint, path, body, timeout=2.0, context=None):
+    scheme = "https" if context else "http"
+    req = urllib.request.Request(f"{scheme}://{endpoint}/v3/{path}",
+                                 data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
         return json.loads(r.read())
 
 
 class EtcdCluster:
-    def __init__(self, members=1, v2=False, extra_hosts=()):
+    def __init__(self, members=1, v2=False, extra_hosts=(), tls=None):
         """extra_hosts: addresses to listen on besides 127.0.0.1 (the Slurm test cluster's
         bridge, so that jobs in its network namespaces reach etcd); endpoints stay loopback."""
         if not os.access(ETCD, os.X_OK):
             missing_tool(f"etcd at {ETCD} (Debian's etcd-server)")
         self.dir = tempfile.mkdtemp(prefix="ddp-etcd-", dir="/dev/shm")
+        self.context = None
+        scheme = "http"
+        if tls:
+            scheme = "https"
+            self.context = ssl.create_default_context(cafile=tls["ca"])
+            self.context.load_cert_chain(tls["client"], tls["client_key"])
         ports = _ports(2 * members)
         self.client_ports = ports[:members]
         self.peer_ports = ports[members:]
@@ -62,8 +73,8 @@ class EtcdCluster:
         initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, self.peer_ports))
         self.procs, self.args = [], []
         for i, name in enumerate(names):
-            client = f"http://127.0.0.1:{self.client_ports[i]}"
-            listen = ",".join([client] + [f"http://{h}:{self.client_ports[i]}"
+            client = f"{scheme}://127.0.0.1:{self.client_ports[i]}"
+            listen = ",".join([client] + [f"{scheme}://{h}:{self.client_ports[i]}"
                                           for h in extra_hosts])
             peer = f"http://127.0.0.1:{self.peer_ports[i]}"
             log = open(os.path.join(self.dir, f"{name}.log"), "w")
@@ -77,6 +88,9 @@ class EtcdCluster:
                     "--quota-backend-bytes", str(64 << 20), "--logger", "zap"]
             if v2:
                 args.append("--enable-v2")
+            if tls:
+                args += ["--cert-file", tls["server"], "--key-file", tls["server_key"],
+                         "--trusted-ca-file", tls["ca"], "--client-cert-auth"]
             self.args.append(args)
             self.procs.append(None)
             self._spawn(i)
@@ -105,7 +119,8 @@ class EtcdCluster:
 
     def status(self, i):
         try:
-            return post(self.endpoints[i], "maintenance/status", {}, timeout=1.0)
+            return post(self.endpoints[i], "maintenance/status", {}, timeout=1.0,
+                        context=self.context)
         except OSError:
             return None
 
@@ -129,7 +144,7 @@ class EtcdCluster:
             if p.poll() is not None:
                 continue
             try:
-                r = post(self.endpoints[i], "kv/range", body, timeout=1.0)
+                r = post(self.endpoints[i], "kv/range", body, timeout=1.0, context=self.context)
             except OSError:
                 continue
             return [base64.b64decode(kv["key"]).decode("utf-8", "replace")

@@ -69,18 +69,24 @@ TEST_CASE("etcd-v3's bad endpoints and conf are named", "[unit][launch][etcd]") 
              Catch::Contains("--rdzv-endpoint is required for --rdzv-backend=etcd-v3"));
   CHECK_THAT(bad({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=a:1,b:x", "x"}),
              Catch::Contains("--rdzv-endpoint=a:1,b:x"));
-  CHECK_THAT(bad({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=https://a:1", "x"}),
-             Catch::Contains("https"));
+  CHECK_THAT(
+      bad({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=https://a:1,http://b:1", "x"}),
+      Catch::Contains("mix http:// and https://"));
   const std::string base = "--rdzv-endpoint=h";
   auto conf = [&](const std::string& kv) {
     return bad({"--nnodes=2", "--rdzv-backend=etcd-v3", base, "--rdzv-conf=" + kv, "x"});
   };
-  CHECK_THAT(conf("protocol=https"),
-             Catch::Contains("protocol=https") && Catch::Contains("TLS is not built in"));
-  CHECK_THAT(conf("cacert=/ca.pem"), Catch::Contains("cacert"));
-  CHECK_THAT(conf("cert=/c.pem"), Catch::Contains("cert: TLS"));
-  CHECK_THAT(conf("key=/k.pem"), Catch::Contains("key: TLS"));
-  CHECK_THAT(conf("ssl_cert=/c.pem"), Catch::Contains("ssl_cert: TLS"));  // etcd-v2 spellings
+  CHECK_THAT(conf("protocol=ftp"), Catch::Contains("protocol=ftp: expected http or https"));
+  CHECK_THAT(conf("cacert=/ca.pem"),
+             Catch::Contains("cacert: TLS settings need https") && Catch::Contains("protocol"));
+  CHECK_THAT(conf("ssl_cert=/c.pem"), Catch::Contains("ssl_cert: TLS settings need https"));
+  CHECK_THAT(conf("protocol=https,cert=/c.pem"), Catch::Contains("cert=/c.pem: a client "
+                                                                 "certificate and its key"));
+  CHECK_THAT(conf("protocol=https,key=/k.pem,ssl_cert_key=/k2.pem"),
+             Catch::Contains("give key or ssl_cert_key, not both"));
+  CHECK_THAT(bad({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=https://h",
+                  "--rdzv-conf=protocol=http", "x"}),
+             Catch::Contains("protocol=http, but --rdzv-endpoint names https://"));
   CHECK_THAT(conf("key_prefix=" + std::string(300, 'p')), Catch::Contains("over 256"));
   CHECK_THAT(conf("key_prefix=/a,etcd_prefix=/b"), Catch::Contains("not both"));
   CHECK_THAT(conf("password=x"), Catch::Contains("password without user"));
@@ -89,6 +95,37 @@ TEST_CASE("etcd-v3's bad endpoints and conf are named", "[unit][launch][etcd]") 
   // protocol=http is torchrun's default and is accepted.
   CHECK(
       ok({"--nnodes=2", "--rdzv-backend=etcd-v3", base, "--rdzv-conf=protocol=http", "x"}).etcd());
+}
+
+TEST_CASE("etcd-v3 over TLS: https or protocol=https, files from --rdzv-conf or ETCDCTL_*",
+          "[unit][launch][etcd]") {
+  const auto tls = [](const std::string& endpoint, const std::string& kv,
+                      const ddp::knobs::Env& env) {
+    auto c = ok({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=" + endpoint,
+                 "--rdzv-conf=" + kv, "x"});
+    return etcd_tls(c, &env);
+  };
+  const ddp::knobs::Env etcdctl = {
+      {"ETCDCTL_CACERT", "/e/ca.pem"}, {"ETCDCTL_CERT", "/e/c.pem"}, {"ETCDCTL_KEY", "/e/k.pem"}};
+  auto plain = tls("h1,h2", "protocol=http", etcdctl);
+  CHECK_FALSE(plain.on);
+  CHECK(plain.cacert.path.empty());  // ETCDCTL_* only for an https cluster
+  auto from_env = tls("https://h1,https://h2:2400", "join_timeout=5", etcdctl);
+  CHECK(from_env.on);
+  CHECK(from_env.cacert.path == "/e/ca.pem");
+  CHECK(from_env.cacert.from == "ETCDCTL_CACERT");
+  CHECK(from_env.key.path == "/e/k.pem");
+  auto conf =
+      tls("h1", "protocol=https,ca_cert=/t/ca.pem,cert=/t/c.pem,ssl_cert_key=/t/k.pem", etcdctl);
+  CHECK(conf.on);
+  CHECK(conf.cacert.path == "/t/ca.pem");
+  CHECK(conf.cacert.from == "--rdzv-conf ca_cert");
+  CHECK(conf.cert.path == "/t/c.pem");
+  CHECK(conf.key.from == "--rdzv-conf ssl_cert_key");
+  auto system_cas = tls("https://h1", "join_timeout=5", {});
+  CHECK(system_cas.on);
+  CHECK(system_cas.cacert.path.empty());
+  CHECK(system_cas.cert.path.empty());
 }
 
 TEST_CASE("etcd-v3 reads the key prefix and the credentials", "[unit][launch][etcd]") {

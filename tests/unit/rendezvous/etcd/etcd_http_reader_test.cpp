@@ -97,7 +97,13 @@ TEST_CASE("etcd endpoints: lists, schemes and the default port, bad ones by name
   CHECK(eps[0].str() == "h1:2379");
   CHECK(eps[1].str() == "h2:2389");
   CHECK(eps[2].str() == "h3:2379");
-  CHECK_THROWS_WITH(parse_etcd_endpoints("https://h1:2379"), Catch::Contains("TLS"));
+  bool https = false;
+  CHECK(parse_etcd_endpoints("https://h1:2379,https://h2", &https).size() == 2);
+  CHECK(https);
+  CHECK(parse_etcd_endpoints("h1,http://h2", &https).size() == 2);
+  CHECK_FALSE(https);
+  CHECK_THROWS_WITH(parse_etcd_endpoints("https://h1,http://h2"),
+                    Catch::Contains("mix http:// and https://"));
   CHECK_THROWS_WITH(parse_etcd_endpoints("h1:2379,h2:99999"), Catch::Contains("h2:99999"));
   CHECK_THROWS_AS(parse_etcd_endpoints("h1,"), ddp::ConfigError);
   std::string many;

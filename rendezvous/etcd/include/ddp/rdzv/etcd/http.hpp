@@ -1,9 +1,9 @@
 // The etcd client's transport: HTTP/1.1 POSTs to etcd's JSON gateway over plain POSIX sockets
-// (as StoreClient: no Asio on the client side), every call bounded by a deadline and a cancel
-// fd. One keep-alive connection to one member at a time; a member that cannot be reached, has no
-// leader (the "Grpc-Metadata-hasleader: true" header makes it say so at once) or times out is
-// left for the next one, until the request's timeout. Streams (watch) get a connection of their
-// own and hand out one line (message) at a time.
+// (as StoreClient: no Asio on the client side), or over TLS on them for https:// members
+// (tls.hpp), every call bounded by a deadline and a cancel fd. One keep-alive connection to one
+// member at a time; a member that cannot be reached, has no leader (the "Grpc-Metadata-hasleader:
+// true" header makes it say so at once) or times out is left for the next one, until the request's
+// timeout. Streams (watch) get a connection of their own and hand out one line (message) at a time.
 #pragma once
 
 #include <chrono>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddp/rdzv/endpoint.hpp"
+#include "ddp/rdzv/etcd/tls.hpp"
 
 namespace ddp::rdzv::etcd {
 
@@ -26,10 +27,13 @@ struct EtcdOptions {
   std::chrono::milliseconds connect_timeout{2000};  // one connect attempt to one member
   std::string user, password;                       // etcd auth (empty: none)
   int cancel_fd = -1;                               // readable: give up at once (IoError)
+  TlsOptions tls;                                   // https:// members
 };
 
-// "h1:2379,h2:2379" -> endpoints (ConfigError naming the bad one; at most 64).
-std::vector<Endpoint> parse_etcd_endpoints(std::string_view text);
+// "h1:2379,https://h2:2379" -> endpoints (ConfigError naming the bad one; at most 64). A
+// member may say http:// or https://; *https (when given) is whether they said https://, and
+// members that mix the two are refused.
+std::vector<Endpoint> parse_etcd_endpoints(std::string_view text, bool* https = nullptr);
 // "h1:2379,h2:2379", as messages name the members.
 std::string endpoints_text(const std::vector<Endpoint>& endpoints);
 
@@ -54,7 +58,8 @@ class EtcdHttp {
   const EtcdOptions& options() const { return opts_; }
   // Whether the cancel fd is readable (the caller gives up rather than retries).
   bool cancelled() const;
-  const std::string& token() const { return token_; }  // the auth token, when user is set
+  const std::string& token() const { return token_; }   // the auth token, when user is set
+  const TlsContext* tls() const { return tls_.get(); }  // null: plain http
 
  private:
   std::string post_once(Connection& c, std::string_view path, std::string_view body,
@@ -62,6 +67,7 @@ class EtcdHttp {
   void authenticate(Clock::time_point deadline);
 
   EtcdOptions opts_;
+  std::unique_ptr<TlsContext> tls_;
   std::unique_ptr<Connection> conn_;
   std::size_t member_ = 0;  // the member conn_ is (or will be) connected to
   std::string token_;
