@@ -140,6 +140,11 @@ constexpr FlagSpec kFlags[] = {
      "ddprun's own: networks (comma-separated CIDRs) whose clients may also use the stores this "
      "agent hosts without authenticating, besides loopback and the round's nodes "
      "(docs/security.md)."},
+    {"store_allow_uids", "--store-allow-uids,--store_allow_uids", false, true, G::ddprun, "UIDS",
+     "(this user and root)",
+     "ddprun's own: other users (comma-separated uids or names) whose processes on this host may "
+     "also use the stores this agent hosts over loopback; `any`: every local user, as torchrun "
+     "(docs/security.md)."},
     {"trace", "--trace", false, true, G::ddprun, "FILE", "(none)",
      "ddprun's own: at exit, write a Chrome/Perfetto trace of every node's launcher phases and "
      "ranks' steps to FILE (written by group rank 0)."},

@@ -3,6 +3,8 @@
 // cannot find.
 #include "cli_values.hpp"
 
+#include <pwd.h>
+
 #include <cstdlib>
 
 #include "ddp/launch/limits.hpp"
@@ -11,6 +13,17 @@
 #include "ddp/rdzv/access.hpp"
 
 namespace ddp::launch {
+
+namespace {
+
+// A user name's uid (the system's user database), for --store-allow-uids.
+std::optional<std::uint32_t> user_uid(const std::string& name) {
+  const passwd* p = ::getpwnam(name.c_str());
+  if (p == nullptr) return std::nullopt;
+  return static_cast<std::uint32_t>(p->pw_uid);
+}
+
+}  // namespace
 
 // torch 2.15's comma_separated_list: "a,b" -> {a, b}; ",," is a comma inside an item.
 std::vector<std::string> comma_separated_list(const std::string& text) {
@@ -89,6 +102,10 @@ void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>&
   }
   if (raw.at("store_allow") != kUnset) {
     c.store_allow = rdzv::parse_cidrs(raw.at("store_allow"), "--store-allow");
+  }
+  if (raw.at("store_allow_uids") != kUnset) {
+    c.store_allow_uids =
+        rdzv::parse_uids(raw.at("store_allow_uids"), "--store-allow-uids", user_uid);
   }
   if (raw.at("gpu_job_mapping_dir") != kUnset) {
     if (raw.at("gpu_job_mapping_dir").empty()) {

@@ -171,7 +171,8 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   }
   // The job's secret (docs/security.md): the stores this agent hosts demand it of peers outside
   // their trusted networks, and every connection of the agent answers a store's challenge.
-  StoreAccess access{proto::auth::job_secret().value_or(""), config.store_allow};
+  StoreAccess access{proto::auth::job_secret().value_or(""), config.store_allow,
+                     config.store_allow_uids};
   const StoreClients clients = store_clients(
       seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout"),
       ro.join_timeout, keep_alive * keep_alive_attempts,

@@ -175,6 +175,7 @@ std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::ui
   so.secret = access.secret;
   so.trusted = std::move(trusted);
   so.closed = closed;
+  so.loopback_uids = access.uids;
   auto s = std::make_unique<rdzv::StoreServer>(so);
   s->start();
   return s;

@@ -14,6 +14,8 @@ namespace ddp::launch {
 struct StoreAccess {
   std::string secret;             // the job's (empty: none)
   std::vector<rdzv::Cidr> allow;  // --store-allow
+  // --store-allow-uids: on loopback, this user, root and these (nullopt: any local user).
+  std::optional<std::vector<std::uint32_t>> uids = std::vector<std::uint32_t>{};
 };
 
 // This host's interface addresses (up, IPv4 and IPv6, loopback and link-local excluded), at

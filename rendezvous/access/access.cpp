@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "ddp/proto/error.hpp"
@@ -137,7 +138,46 @@ IpAddr from_sockaddr(const sockaddr* sa) {
 
 std::vector<Cidr> loopback_networks() { return {parse_cidr("127.0.0.0/8"), parse_cidr("::1")}; }
 
-Access classify(const AccessPolicy& policy, const IpAddr& peer) {
+std::optional<std::vector<std::uint32_t>> parse_uids(
+    std::string_view text, std::string_view what,
+    const std::function<std::optional<std::uint32_t>(const std::string&)>& lookup) {
+  if (text == "any") return std::nullopt;
+  std::vector<std::uint32_t> out;
+  std::size_t at = 0;
+  while (!text.empty() && at <= text.size()) {
+    auto comma = text.find(',', at);
+    if (comma == std::string_view::npos) comma = text.size();
+    const std::string one(text.substr(at, comma - at));
+    if (one.empty())
+      throw ConfigError(std::string(what) + ": an empty entry in '" + std::string(text) + "'");
+    if (one.find_first_not_of("0123456789") == std::string::npos) {
+      out.push_back(static_cast<std::uint32_t>(parse_int(one, what, 0, 0xFFFFFFFEll)));
+    } else if (auto uid = lookup(one)) {
+      out.push_back(*uid);
+    } else {
+      throw ConfigError(std::string(what) + ": no user named '" + one + "'");
+    }
+    if (out.size() > kMaxAllowedUids) {
+      throw ConfigError(std::string(what) + ": more than " + std::to_string(kMaxAllowedUids) +
+                        " users");
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
+bool needs_uid(const AccessPolicy& policy, const IpAddr& peer) {
+  return policy.by_user && peer.is_loopback();
+}
+
+Access classify(const AccessPolicy& policy, const IpAddr& peer,
+                std::optional<std::uint32_t> peer_uid) {
+  if (needs_uid(policy, peer)) {
+    const bool mine = peer_uid && (*peer_uid == policy.own_uid || *peer_uid == 0 ||
+                                   std::find(policy.uids.begin(), policy.uids.end(), *peer_uid) !=
+                                       policy.uids.end());
+    if (!mine) return Access::refuse;
+  }
   for (const auto& c : policy.trusted) {
     if (c.contains(peer)) return Access::admit;
   }

@@ -15,6 +15,7 @@ std::string_view refusal_name(Refusal r) {
     case Refusal::bad_proof: return "wrong authentication proof";
     case Refusal::no_challenge: return "AUTH without a HELLO challenge";
     case Refusal::address: return "address not admitted";
+    case Refusal::user: return "another user's socket on loopback";
   }
   return "?";
 }

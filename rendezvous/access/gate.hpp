@@ -19,6 +19,7 @@ enum class Refusal : std::uint8_t {
   bad_proof,        // AUTH with a wrong proof (wrong secret, replayed transcript)
   no_challenge,     // AUTH without a HELLO (version >= 2) nonce to answer
   address,          // a peer outside the trusted networks of a closed store
+  user,             // a loopback peer whose socket belongs to another user
 };
 std::string_view refusal_name(Refusal r);
 

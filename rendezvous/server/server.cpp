@@ -18,6 +18,7 @@
 
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/log.hpp"
+#include "ddp/rdzv/peer_uid.hpp"
 #include "session.hpp"
 
 namespace ddp::rdzv {
@@ -87,7 +88,17 @@ struct StoreServer::Impl {
     shared.frame_timeout = opts.frame_timeout;
     shared.max_leases_per_connection = opts.max_leases_per_connection;
     if (!opts.secret.empty()) shared.key = std::make_unique<proto::auth::Key>(opts.secret);
-    shared.policy = AccessPolicy{!opts.secret.empty(), opts.trusted, opts.closed};
+    shared.policy.has_secret = !opts.secret.empty();
+    shared.policy.trusted = opts.trusted;
+    shared.policy.closed = opts.closed;
+    if (opts.loopback_uids && !peer_uid_works()) {
+      logger("rdzv").warn(
+          "cannot tell who owns a local socket here (no sock_diag?): loopback admits every user");
+    } else if (opts.loopback_uids) {
+      shared.policy.by_user = true;
+      shared.policy.own_uid = ::geteuid();
+      shared.policy.uids = *opts.loopback_uids;
+    }
     shared.table.set_max_bytes(opts.max_store_bytes);
   }
 
@@ -184,15 +195,24 @@ struct StoreServer::Impl {
   }
 
   // Who may connect (access.hpp): a refused peer is closed before it costs a session.
+  // On loopback, a by-user store asks the kernel whose socket the peer is first.
   void admit(int fd, const IpAddr& peer) {
     Access access;
+    bool by_user = false;
     {
       std::lock_guard<std::mutex> g(shared.policy_mu);
-      access = classify(shared.policy, peer);
+      by_user = needs_uid(shared.policy, peer);
+    }
+    const std::optional<std::uint32_t> uid = by_user ? local_peer_uid(fd) : std::nullopt;
+    {
+      std::lock_guard<std::mutex> g(shared.policy_mu);
+      access = classify(shared.policy, peer, uid);
     }
     if (access == Access::refuse) {
       ::close(fd);
-      shared.audit(Refusal::address, peer.str());
+      shared.audit(by_user ? Refusal::user : Refusal::address,
+                   by_user ? peer.str() + " (uid " + (uid ? std::to_string(*uid) : "unknown") + ")"
+                           : peer.str());
       return;
     }
     adopt(fd, access == Access::admit);
@@ -360,6 +380,7 @@ ServerStats StoreServer::stats() const {
   auto refused = [&](Refusal r) { return s.refusals[static_cast<std::size_t>(r)].load(relaxed); };
   st.refused_address = refused(Refusal::address);
   st.refused_unauthenticated = refused(Refusal::unauthenticated);
+  st.refused_user = refused(Refusal::user);
   st.auth_failures = refused(Refusal::bad_proof) + refused(Refusal::no_challenge);
   {
     std::lock_guard<std::mutex> g(s.mu);

@@ -54,7 +54,7 @@ struct SharedState {
   std::mutex policy_mu;
   AccessPolicy policy;
   std::atomic<std::uint64_t> auth_ok{0};
-  std::array<std::atomic<std::uint64_t>, 5> refusals{};  // indexed by Refusal
+  std::array<std::atomic<std::uint64_t>, 6> refusals{};  // indexed by Refusal
   std::mutex audit_mu;
   LogRateLimit audit_limit{10, std::chrono::seconds(10)};
   // Counts the refusal and logs "refused <peer>: <reason>" within the rate limit.

@@ -1,6 +1,8 @@
 // ddprund: the standalone rendezvous store daemon. Serves the c10d TCPStore protocol (torch
 // 2.x and 1.13 clients) plus ddprun's lease extensions until SIGTERM or SIGINT, and the
 // status views of every run in its store over HTTP (docs/status.md).
+#include <pwd.h>
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
@@ -107,6 +109,11 @@ int main(int argc, char** argv) {
   app.add_option("--allow-unauthenticated", allow_unauthenticated,
                  "with a secret: networks (CIDRs, comma-separated) whose clients may use the store "
                  "without authenticating, for torch clients such as torchrun's c10d agents");
+  std::string allow_uids = "any";
+  app.add_option("--allow-uids", allow_uids,
+                 "who may use the store over loopback: `any` local user, or, besides ddprund's "
+                 "own user and root, these (comma-separated uids or names; \"\": nobody else)")
+      ->capture_default_str();
   app.add_option("--http-host", http_host,
                  "address of the HTTP status views (/, /api/status, /api/runs, /metrics); "
                  "default: --host");
@@ -155,6 +162,12 @@ int main(int argc, char** argv) {
       }
       opts.trusted = ddp::rdzv::parse_cidrs(allow_unauthenticated, "--allow-unauthenticated");
     }
+    opts.loopback_uids =
+        ddp::rdzv::parse_uids(allow_uids, "--allow-uids", [](const std::string& name) {
+          const passwd* p = ::getpwnam(name.c_str());
+          return p == nullptr ? std::nullopt
+                              : std::optional<std::uint32_t>(static_cast<std::uint32_t>(p->pw_uid));
+        });
     ddp::rdzv::IpAddr bound;
     const bool loopback_only =
         opts.host == "localhost" || (ddp::rdzv::parse_ip(opts.host, bound) && bound.is_loopback());

@@ -3,9 +3,11 @@
 // replaying a recorded AUTH are refused and counted; trusted networks admit torch clients as
 // they are; a closed store refuses other addresses at connect; a client refuses a store that
 // cannot prove it holds the secret. Peers come from other loopback addresses (127.0.0.2...):
-// all of 127/8 is this host's. Bounded: a few connections, 5 s per reply.
+// all of 127/8 is this host's. A by-user store refuses another user's socket on loopback.
+// Bounded: a few connections, 5 s per reply.
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -18,6 +20,7 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/writer.hpp"
 #include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/peer_uid.hpp"
 #include "ddp/rdzv/server.hpp"
 
 using namespace ddp::rdzv;
@@ -195,4 +198,46 @@ TEST_CASE("a client refuses a store that cannot prove it holds the secret", "[in
   }
   fake.join();
   ::close(lfd);
+}
+
+TEST_CASE("a by-user store asks the kernel whose socket a loopback peer is",
+          "[integration][auth]") {
+  ServerOptions o;
+  o.closed = true;
+  o.trusted = loopback_networks();
+  o.loopback_uids = std::vector<std::uint32_t>{};  // this process's user and root
+  ddp::test::ServerFixture f(o);
+  {
+    RawSocket mine(f.server.port());
+    CHECK(torch_set_get(mine));
+    CHECK(local_peer_uid(mine.fd()) == ::geteuid());  // the server's socket: this process's
+  }
+  // Another user's socket (a child that drops to nobody before it connects) is closed at once.
+  if (::geteuid() != 0) {
+    SUCCEED("not root: cannot become another user here; tests/hostile/test_store_users.py does");
+    return;
+  }
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) _exit(3);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(f.server.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) _exit(4);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const char ping[] = {0x09};  // any request: the server must close before answering
+    (void)::write(fd, ping, 1);
+    char buf[16];
+    const ssize_t n = ::read(fd, buf, sizeof buf);  // EOF or a reset: refused; EAGAIN: not
+    _exit(n == 0 || (n < 0 && errno == ECONNRESET) ? 0 : 5);
+  }
+  int status = -1;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(eventually([&] { return f.server.stats().refused_user == 1; }));
 }

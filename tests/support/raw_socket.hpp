@@ -43,6 +43,7 @@ class RawSocket {
     if (fd_ >= 0) ::close(fd_);
   }
   RawSocket(const RawSocket&) = delete;
+  int fd() const { return fd_; }
   RawSocket& operator=(const RawSocket&) = delete;
 
   bool send(const std::string& bytes) {

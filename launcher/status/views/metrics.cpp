@@ -388,9 +388,11 @@ void render_store(std::string& out, const rdzv::ServerStats& s) {
     Family f(out, "ddprun_store_refused_total", "counter",
              "Connections refused by access (docs/security.md), by reason: address (outside the "
              "trusted networks of a closed store), unauthenticated (a request before "
-             "authenticating), auth_failed (a wrong proof).");
+             "authenticating), auth_failed (a wrong proof), user (another user's socket on "
+             "loopback).");
     f.sample("", s.refused_address, "reason", "address");
     f.sample("", s.refused_unauthenticated, "reason", "unauthenticated");
+    f.sample("", s.refused_user, "reason", "user");
     f.sample("", s.auth_failures, "reason", "auth_failed");
   }
 }

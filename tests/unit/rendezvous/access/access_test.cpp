@@ -58,17 +58,63 @@ TEST_CASE("bad networks are named", "[unit][access]") {
 TEST_CASE("who is admitted, who must authenticate, who is refused", "[unit][access]") {
   AccessPolicy open;  // today's ddprund: everyone
   CHECK(classify(open, ip("10.9.9.9")) == Access::admit);
-  AccessPolicy secret{true, {parse_cidr("10.77.0.0/16")}, false};
+  AccessPolicy secret;
+  secret.has_secret = true;
+  secret.trusted = {parse_cidr("10.77.0.0/16")};
   CHECK(classify(secret, ip("10.77.0.2")) == Access::admit);
   CHECK(classify(secret, ip("10.9.9.9")) == Access::authenticate);
   CHECK(classify(secret, ip("127.0.0.1")) == Access::authenticate);  // loopback only if listed
-  AccessPolicy round{false, loopback_networks(), true};              // a workers' store, no secret
+  AccessPolicy round;                                                // a workers' store, no secret
+  round.trusted = loopback_networks();
+  round.closed = true;
   round.trusted.push_back(parse_cidr("10.77.0.1"));
   CHECK(classify(round, ip("127.0.0.1")) == Access::admit);
   CHECK(classify(round, ip("10.77.0.1")) == Access::admit);
   CHECK(classify(round, ip("10.77.0.3")) == Access::refuse);
   round.has_secret = true;  // with a secret the outsider may still authenticate
   CHECK(classify(round, ip("10.77.0.3")) == Access::authenticate);
+}
+
+TEST_CASE("on loopback a by-user store admits its own user, root and the listed uids only",
+          "[unit][access]") {
+  AccessPolicy p;
+  p.trusted = loopback_networks();
+  p.closed = true;
+  p.by_user = true;
+  p.own_uid = 1000;
+  p.uids = {1500};
+  CHECK(needs_uid(p, ip("127.0.0.1")));
+  CHECK(needs_uid(p, ip("::1")));
+  CHECK_FALSE(needs_uid(p, ip("10.0.0.1")));  // another host: its address rules, as before
+  CHECK(classify(p, ip("127.0.0.1"), 1000u) == Access::admit);
+  CHECK(classify(p, ip("127.0.0.1"), 0u) == Access::admit);  // root
+  CHECK(classify(p, ip("127.0.0.1"), 1500u) == Access::admit);
+  CHECK(classify(p, ip("127.0.0.1"), 1001u) == Access::refuse);
+  CHECK(classify(p, ip("127.0.0.1")) == Access::refuse);  // the kernel did not say: refused
+  p.has_secret = true;  // a secret does not let another user in on loopback either
+  CHECK(classify(p, ip("127.0.0.1"), 1001u) == Access::refuse);
+  p.by_user = false;  // any user: as before
+  CHECK(classify(p, ip("127.0.0.1"), 1001u) == Access::admit);
+}
+
+TEST_CASE("uid lists take numbers, names and any, and name a bad entry", "[unit][access]") {
+  const auto lookup = [](const std::string& name) -> std::optional<std::uint32_t> {
+    if (name == "alice") return 1001;
+    return std::nullopt;
+  };
+  CHECK_FALSE(parse_uids("any", "--store-allow-uids", lookup).has_value());
+  CHECK(parse_uids("", "--store-allow-uids", lookup)->empty());
+  CHECK(*parse_uids("1500,alice,0", "--store-allow-uids", lookup) ==
+        std::vector<std::uint32_t>{1500, 1001, 0});
+  CHECK_THROWS_WITH(parse_uids("bob", "--store-allow-uids", lookup),
+                    Catch::Contains("--store-allow-uids: no user named 'bob'"));
+  CHECK_THROWS_WITH(parse_uids("1,,2", "--store-allow-uids", lookup),
+                    Catch::Contains("an empty entry"));
+  CHECK_THROWS_WITH(parse_uids("99999999999", "--store-allow-uids", lookup),
+                    Catch::Contains("--store-allow-uids"));
+  std::string many;
+  for (int i = 0; i < 257; ++i) many += (i ? "," : "") + std::to_string(i);
+  CHECK_THROWS_WITH(parse_uids(many, "x", lookup), Catch::Contains("more than 256"));
 }
 
 TEST_CASE("refusals are logged at most `burst` per period, the rest counted", "[unit][access]") {

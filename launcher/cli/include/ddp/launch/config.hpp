@@ -104,6 +104,9 @@ struct LaunchConfig {
   // --store-allow: networks admitted to the agent's stores without authenticating
   // (docs/security.md), besides loopback and the round's nodes.
   std::vector<rdzv::Cidr> store_allow;
+  // --store-allow-uids: besides this user and root, who may use them over loopback (nullopt:
+  // any local user).
+  std::optional<std::vector<std::uint32_t>> store_allow_uids = std::vector<std::uint32_t>{};
   std::string entrypoint;
   std::vector<std::string> args;
 

@@ -1,13 +1,17 @@
 // Who may use a store (docs/security.md): peers whose address is in a trusted network are
 // admitted as they are (unmodified torch clients included); with a secret, any other peer must
 // authenticate before its first request; without one, a closed store refuses it at once and an
-// open store (today's ddprund) admits it. Also the rate limit of the refusals' log lines.
-// Pure: addresses and CIDRs parsed and matched without sockets.
+// open store (today's ddprund) admits it. On loopback, a store may also admit only the sockets
+// of its own user, root and listed uids (the kernel names a local socket's owner: peer_uid.hpp).
+// Also the rate limit of the refusals' log lines.
+// Pure: addresses, CIDRs and uids parsed and matched without sockets.
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,14 +54,34 @@ struct AccessPolicy {
   // Without a secret: refuse peers outside `trusted` (the workers' store of a round). With a
   // secret they may still authenticate.
   bool closed = false;
+  // A peer on loopback is admitted at all only when its socket's owner is own_uid, root (0) or
+  // one of `uids` (by_user); otherwise any local user is (torch's TCPStore).
+  bool by_user = false;
+  std::uint32_t own_uid = 0;
+  std::vector<std::uint32_t> uids;
 };
+
+// At most this many uids in an allowlist.
+inline constexpr std::size_t kMaxAllowedUids = 256;
+
+// "any": nullopt (every local user); else a comma-separated list of uids or user names, each
+// named by `lookup` (a name to its uid, nullopt when there is no such user; numbers are taken
+// as they are). "" is the empty list: the store's own user and root only. Throws
+// ddp::ConfigError naming `what` and the bad entry.
+std::optional<std::vector<std::uint32_t>> parse_uids(
+    std::string_view text, std::string_view what,
+    const std::function<std::optional<std::uint32_t>(const std::string&)>& lookup);
 
 enum class Access : std::uint8_t {
   admit,         // trusted address, or an open store without a secret
   authenticate,  // may only VALIDATE, HELLO, PING and AUTH until it has authenticated
   refuse,        // closed at once
 };
-Access classify(const AccessPolicy& policy, const IpAddr& peer);
+// peer_uid: the owner of a loopback peer's socket (nullopt: not known, or not asked for).
+Access classify(const AccessPolicy& policy, const IpAddr& peer,
+                std::optional<std::uint32_t> peer_uid = std::nullopt);
+// Whether classify() needs the peer's uid: a loopback peer of a by_user policy.
+bool needs_uid(const AccessPolicy& policy, const IpAddr& peer);
 
 // At most `burst` lines per `period`; what is held back is counted and reported with the next
 // line let through. Not thread-safe: the caller locks.

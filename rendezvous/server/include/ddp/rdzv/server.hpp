@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,9 @@ struct ServerOptions {
   std::string secret;
   std::vector<Cidr> trusted;
   bool closed = false;
+  // Set: a peer on loopback is admitted only when its socket belongs to this process's user,
+  // root or one of these uids (peer_uid.hpp; docs/security.md). Unset: any local user.
+  std::optional<std::vector<std::uint32_t>> loopback_uids;
   // ddprund --data-dir (journal.hpp): the state survives a restart. Empty: memory only.
   std::string data_dir;
   std::chrono::milliseconds fsync_interval{1000};  // 0: fdatasync before every reply
@@ -117,6 +121,7 @@ struct ServerStats {
   std::uint64_t auth_ok = 0;
   std::uint64_t refused_address = 0;          // a closed store, a peer outside its networks
   std::uint64_t refused_unauthenticated = 0;  // a request before authenticating
+  std::uint64_t refused_user = 0;             // another user's socket on loopback
   std::uint64_t auth_failures = 0;            // a wrong proof, or AUTH without a challenge
   // --data-dir: the journal's size now, compactions since start, and whether writing it failed.
   bool journal = false;
