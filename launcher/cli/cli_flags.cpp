@@ -136,6 +136,10 @@ constexpr FlagSpec kFlags[] = {
      "printed at start)."},
     {"http_host", "--http-host,--http_host", false, true, G::ddprun, "HOST",
      "where the store binds", "ddprun's own: the address --http-port binds."},
+    {"http_token_file", "--http-token-file,--http_token_file", false, true, G::ddprun, "FILE",
+     "the job's secret, if any",
+     "ddprun's own: the live views ask for this token (a file of yours, mode 600) on every route "
+     "but /healthz: `Authorization: Bearer`, or ?token= once in a browser (docs/security.md)."},
     {"store_allow", "--store-allow,--store_allow", false, true, G::ddprun, "CIDRS", "(none)",
      "ddprun's own: networks (comma-separated CIDRs) whose clients may also use the stores this "
      "agent hosts without authenticating, besides loopback and the round's nodes "

@@ -103,6 +103,10 @@ void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>&
   if (raw.at("store_allow") != kUnset) {
     c.store_allow = rdzv::parse_cidrs(raw.at("store_allow"), "--store-allow");
   }
+  if (raw.at("http_token_file") != kUnset) {
+    if (raw.at("http_token_file").empty()) throw ConfigError("--http-token-file: empty file name");
+    c.http_token_file = raw.at("http_token_file");
+  }
   if (raw.at("store_allow_uids") != kUnset) {
     c.store_allow_uids =
         rdzv::parse_uids(raw.at("store_allow_uids"), "--store-allow-uids", user_uid);

@@ -7,7 +7,9 @@
 
 #include "ddp/launch/agent_etcd.hpp"
 #include "ddp/launch/gpu_devices.hpp"
+#include "ddp/proto/auth.hpp"
 #include "ddp/proto/knobs.hpp"
+#include "ddp/status/http_auth.hpp"
 
 namespace ddp::launch {
 
@@ -54,6 +56,9 @@ StatusSetup status_setup(const LaunchConfig& config, const EnvMap& env, const Re
     tcp_status_store(ss, rs.host, rs.port, client);
   }
   ss.http_port = config.http_port;
+  if (config.http_port >= 0) {
+    ss.http_token = status::views_token(config.http_token_file, proto::auth::job_secret());
+  }
   ss.http_host = !config.http_host.empty() ? config.http_host
                  : rs.server               ? rs.server->host()
                  : !workers.bind.empty()   ? workers.bind

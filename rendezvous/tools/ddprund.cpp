@@ -22,6 +22,7 @@
 #include "ddp/rdzv/fd_limit.hpp"
 #include "ddp/rdzv/log.hpp"
 #include "ddp/rdzv/server.hpp"
+#include "ddp/status/http_auth.hpp"
 #include "ddp/status/http_server.hpp"
 #include "ddp/status/views.hpp"
 
@@ -120,6 +121,10 @@ int main(int argc, char** argv) {
   app.add_option("--http-port", http_port, "their TCP port; 0 picks a free one; -1: no HTTP")
       ->capture_default_str()
       ->check(CLI::Range(-1, 65535));
+  std::string http_token_file;
+  app.add_option("--http-token-file", http_token_file,
+                 "the HTTP views ask for this token (a file of yours, mode 600) on every route "
+                 "but /healthz; default: the store secret, when there is one");
   app.add_option("--http-port-file", http_port_file,
                  "write the bound HTTP port to this file once listening");
   app.add_option("--data-dir", opts.data_dir,
@@ -205,10 +210,15 @@ int main(int argc, char** argv) {
       ddp::status::HttpOptions ho;
       ho.host = http_host;
       ho.port = static_cast<std::uint16_t>(http_port);
+      ho.token = ddp::status::views_token(
+          http_token_file, opts.secret.empty() ? std::nullopt : std::optional(opts.secret));
       http.emplace(ho, [&views](const ddp::status::HttpRequest& r) { return views.handle(r); });
       http->start();
       std::cout << "ddprund: status page at http://" << url_host(http_host) << ":" << http->port()
-                << "/" << std::endl;
+                << "/"
+                << (ho.token.empty() ? ""
+                                     : " (with the token: ?token=..., or Authorization: Bearer)")
+                << std::endl;
       if (!http_port_file.empty() && !write_port_file(http_port_file, http->port())) {
         log.error("cannot write --http-port-file {}: {}", http_port_file, std::strerror(errno));
         return 1;

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from datetime import timedelta
 
@@ -196,7 +197,12 @@ def test_a_storm_of_bad_clients_is_refused_counted_and_logged_within_the_rate_li
             s.close()
         assert ddpstore(d.port, "get", "/g", env=good).stdout.strip() == "1"
         port = int(open(http_file).read())
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        # The views ask for the store secret as their token (issue 35): none, then the header.
+        url = f"http://127.0.0.1:{port}/metrics"
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(url, timeout=10)
+        req = urllib.request.Request(url, headers={"Authorization": "Bearer " + SECRET})
+        text = urllib.request.urlopen(req, timeout=10).read().decode()
         assert 'ddprun_store_refused_total{reason="unauthenticated"} 100' in text, text
         assert 'ddprun_store_refused_total{reason="auth_failed"} 200' in text, text
         authed = re.search(r"^ddprun_store_auth_total (\d+)$", text, re.M)

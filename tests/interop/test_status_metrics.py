@@ -74,7 +74,8 @@ def all_ranks(job):
 class Prometheus:
     """A Prometheus server in its own process group, its data and config under `workdir`."""
 
-    def __init__(self, workdir, targets):
+    def __init__(self, workdir, targets, credentials=None):
+        """credentials: {job: a file holding the bearer token its targets ask for}."""
         self.dir = os.path.join(workdir, "prometheus")
         os.makedirs(self.dir)
         config = os.path.join(self.dir, "prometheus.yml")
@@ -83,8 +84,11 @@ class Prometheus:
                     "  evaluation_interval: 1s\nscrape_configs:\n")
             for job, ports in targets.items():
                 hosts = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
-                f.write(f"  - job_name: {job}\n    static_configs:\n"
-                        f"      - targets: [{hosts}]\n")
+                f.write(f"  - job_name: {job}\n")
+                if credentials and job in credentials:
+                    f.write(f"    authorization:\n      type: Bearer\n"
+                            f"      credentials_file: {credentials[job]}\n")
+                f.write(f"    static_configs:\n      - targets: [{hosts}]\n")
         self.log_path = os.path.join(self.dir, "log")
         self.port = None
         for _ in range(3):  # the free port may be taken between choosing and binding

@@ -23,6 +23,7 @@
 
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/log.hpp"
+#include "ddp/status/http_auth.hpp"
 
 namespace ddp::status {
 
@@ -56,7 +57,7 @@ struct Core {
   HttpOptions o;
   HttpHandler handler;
   std::atomic<std::uint64_t> open{0}, total{0}, refused{0}, requests{0}, timeouts{0}, rejected{0},
-      handler_errors{0};
+      handler_errors{0}, unauthorized{0};
   std::unordered_set<Session*> sessions;  // the server's thread only (or after it ended)
   asio::io_context io{1};
   std::optional<tcp::acceptor> acceptor;
@@ -77,8 +78,13 @@ HttpResponse plain(int status, std::string body) {
 }
 
 bool valid(const HttpResponse& r) {
-  return r.status >= 200 && r.status <= 599 &&
-         r.content_type.find_first_of("\r\n") == std::string::npos;
+  const auto clean = [](const std::string& s) {
+    return s.find_first_of("\r\n") == std::string::npos;
+  };
+  for (const auto& [name, value] : r.headers) {
+    if (name.empty() || !clean(name) || !clean(value)) return false;
+  }
+  return r.status >= 200 && r.status <= 599 && clean(r.content_type);
 }
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -154,6 +160,25 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto q = target.find('?');
     request.path = std::string(target.substr(0, q));
     if (q != std::string_view::npos) request.query = std::string(target.substr(q + 1));
+    if (!c_.o.token.empty() && request.path != kPublicPath) {
+      const auto header = [&](http::field f) {
+        const auto v = req[f];
+        return std::string_view(v.data(), v.size());
+      };
+      const TokenFrom from = token_shown(c_.o.token, header(http::field::authorization),
+                                         header(http::field::cookie), request.query);
+      if (from == TokenFrom::none) {
+        c_.unauthorized.fetch_add(1);
+        HttpResponse no = plain(401, "a token is required (Authorization: Bearer, or ?token=)\n");
+        no.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"ddprun\"");
+        reply(std::move(no), !keep);
+        return;
+      }
+      HttpResponse r = call(request);
+      if (from == TokenFrom::query) r.headers.emplace_back("Set-Cookie", token_cookie(c_.o.token));
+      reply(std::move(r), !keep);
+      return;
+    }
     reply(call(request), !keep);
   }
 
@@ -178,6 +203,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res_->set(http::field::cache_control, "no-store");
     res_->set("X-Content-Type-Options", "nosniff");
     if (allow) res_->set(http::field::allow, "GET, HEAD");
+    for (const auto& [name, value] : r.headers) res_->insert(name, value);
     const std::size_t length = r.body.size();
     if (!head_) res_->body() = std::move(r.body);
     res_->content_length(length);
@@ -360,8 +386,16 @@ std::uint16_t HttpServer::port() const { return impl_->port.load(); }
 
 HttpStats HttpServer::stats() const {
   const auto& c = *impl_;
-  return {c.open.load(),     c.total.load(),    c.refused.load(),       c.requests.load(),
-          c.timeouts.load(), c.rejected.load(), c.handler_errors.load()};
+  HttpStats st;
+  st.connections_open = c.open.load();
+  st.connections_total = c.total.load();
+  st.connections_refused = c.refused.load();
+  st.requests = c.requests.load();
+  st.timeouts = c.timeouts.load();
+  st.rejected = c.rejected.load();
+  st.handler_errors = c.handler_errors.load();
+  st.unauthorized = c.unauthorized.load();
+  return st;
 }
 
 }  // namespace ddp::status

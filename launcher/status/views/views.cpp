@@ -93,6 +93,7 @@ HttpResponse StatusViews::handle(const HttpRequest& request) {
   }
   if (request.path == "/api/status") return api_status(request);
   if (request.path == "/api/runs") return api_runs();
+  if (request.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
   if (request.path == "/metrics") return metrics();
   return {404, "text/plain; charset=utf-8", "not found\n"};
 }

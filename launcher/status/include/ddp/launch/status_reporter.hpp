@@ -51,6 +51,7 @@ struct StatusSetup {
   // HTTP views: port -1 off; 0 OS-chosen.
   std::string http_host;
   int http_port = -1;
+  std::string http_token;  // non-empty: asked of every route but /healthz (http_auth.hpp)
   std::function<rdzv::ServerStats()> hosted_store_stats;  // when this agent hosts the store
   std::string trace_path;                                 // --trace FILE ("": none)
   ProgressMode progress = ProgressMode::automatic;

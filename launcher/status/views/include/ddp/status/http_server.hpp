@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ddp::status {
 
@@ -18,9 +20,13 @@ struct HttpRequest {
 };
 
 struct HttpResponse {
+  HttpResponse() = default;
+  HttpResponse(int s, std::string type, std::string text)
+      : status(s), content_type(std::move(type)), body(std::move(text)) {}
   int status = 200;  // 100..599; anything else is sent as 500
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;  // a HEAD request gets its Content-Length and no body
+  std::vector<std::pair<std::string, std::string>> headers;  // more fields (no CR or LF)
 };
 
 // Called on the server's thread only, one request at a time: it may block (a store read), but
@@ -40,6 +46,9 @@ struct HttpOptions {
   std::chrono::milliseconds request_timeout{5000};
   // To send one reply to a client that reads slowly; past it the connection closes.
   std::chrono::milliseconds write_timeout{30000};
+  // Non-empty: every route but /healthz asks for it (http_auth.hpp); a request without it is
+  // answered 401 before the handler. Empty: open, as before.
+  std::string token;
 };
 
 // Counters since start(), readable from any thread.
@@ -51,6 +60,7 @@ struct HttpStats {
   std::uint64_t timeouts = 0;             // closed: no complete request within request_timeout
   std::uint64_t rejected = 0;             // malformed, too large, with a body, or not GET/HEAD
   std::uint64_t handler_errors = 0;       // the handler threw (500)
+  std::uint64_t unauthorized = 0;         // without the token (401)
 };
 
 class HttpServer {
