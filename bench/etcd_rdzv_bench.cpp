@@ -54,6 +54,7 @@ struct Setup {
   std::string backend;  // etcd | c10d
   std::vector<rdzv::Endpoint> endpoints;
   std::chrono::milliseconds lease{2000};
+  rdzv::etcd::TlsOptions tls;  // https:// members
 };
 
 void send(int fd, const Result& r) { [[maybe_unused]] auto n = ::write(fd, &r, sizeof r); }
@@ -71,6 +72,7 @@ void send(int fd, const Result& r) { [[maybe_unused]] auto n = ::write(fd, &r, s
     launch::EtcdSettings es;
     es.options.endpoints = s.endpoints;
     es.options.timeout = 120s;
+    es.options.tls = s.tls;
     launch::RendezvousOptions o;
     o.run_id = run;
     o.min_nodes = reform ? n - 1 : n;
@@ -232,9 +234,15 @@ int main(int argc, char** argv) {
   app.add_option("--reform", reform, "also kill one agent and time the re-form");
   app.add_option("--lease-ms", lease_ms, "liveness lease TTL (reform)")->capture_default_str();
   app.add_option("--tag", tag, "part of the run ids (a fresh key space per bench run)");
+  app.add_option("--cacert", s.tls.cacert.path, "https members: their CA bundle (PEM)");
+  app.add_option("--cert", s.tls.cert.path, "https members: the client certificate (PEM)");
+  app.add_option("--key", s.tls.key.path, "https members: its key (PEM)");
   CLI11_PARSE(app, argc, argv);
+  s.tls.cacert.from = "--cacert";
+  s.tls.cert.from = "--cert";
+  s.tls.key.from = "--key";
   rdzv::raise_fd_limit();
-  s.endpoints = rdzv::etcd::parse_etcd_endpoints(endpoints);
+  s.endpoints = rdzv::etcd::parse_etcd_endpoints(endpoints, &s.tls.on);
   s.lease = std::chrono::milliseconds(lease_ms);
   ::signal(SIGPIPE, SIG_IGN);
   int run = 0;

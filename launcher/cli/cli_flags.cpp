@@ -140,6 +140,11 @@ constexpr FlagSpec kFlags[] = {
      "the job's secret, if any",
      "ddprun's own: the live views ask for this token (a file of yours, mode 600) on every route "
      "but /healthz: `Authorization: Bearer`, or ?token= once in a browser (docs/security.md)."},
+    {"http_tls_cert", "--http-tls-cert,--http_tls_cert", false, true, G::ddprun, "FILE", "(none)",
+     "ddprun's own: serve the live views over HTTPS only, with this certificate chain (PEM) and "
+     "--http-tls-key's key (docs/status.md)."},
+    {"http_tls_key", "--http-tls-key,--http_tls_key", false, true, G::ddprun, "FILE", "(none)",
+     "ddprun's own: the private key (PEM) of --http-tls-cert."},
     {"store_allow", "--store-allow,--store_allow", false, true, G::ddprun, "CIDRS", "(none)",
      "ddprun's own: networks (comma-separated CIDRs) whose clients may also use the stores this "
      "agent hosts without authenticating, besides loopback and the round's nodes "

@@ -107,6 +107,11 @@ void fill_newer_flags(LaunchConfig& c, const std::map<std::string, std::string>&
     if (raw.at("http_token_file").empty()) throw ConfigError("--http-token-file: empty file name");
     c.http_token_file = raw.at("http_token_file");
   }
+  for (const char* k : {"http_tls_cert", "http_tls_key"}) {
+    if (raw.at(k) == kUnset) continue;
+    if (raw.at(k).empty()) throw ConfigError(std::string("--") + k + ": empty file name");
+    (std::string_view(k) == "http_tls_cert" ? c.http_tls_cert : c.http_tls_key) = raw.at(k);
+  }
   if (raw.at("store_allow_uids") != kUnset) {
     c.store_allow_uids =
         rdzv::parse_uids(raw.at("store_allow_uids"), "--store-allow-uids", user_uid);

@@ -56,6 +56,11 @@ StatusSetup status_setup(const LaunchConfig& config, const EnvMap& env, const Re
     tcp_status_store(ss, rs.host, rs.port, client);
   }
   ss.http_port = config.http_port;
+  if (config.http_tls_cert.empty() != config.http_tls_key.empty()) {
+    throw ConfigError("--http-tls-cert and --http-tls-key go together");
+  }
+  ss.http_tls_cert = config.http_tls_cert;
+  ss.http_tls_key = config.http_tls_key;
   if (config.http_port >= 0) {
     ss.http_token = status::views_token(config.http_token_file, proto::auth::job_secret());
   }

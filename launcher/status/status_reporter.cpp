@@ -124,10 +124,13 @@ void StatusReporter::start() {
     ho.host = s_.http_host.empty() ? "127.0.0.1" : s_.http_host;
     ho.port = static_cast<std::uint16_t>(s_.http_port);
     ho.token = s_.http_token;
+    ho.tls_cert = s_.http_tls_cert;
+    ho.tls_key = s_.http_tls_key;
     http_ = std::make_unique<status::HttpServer>(
         ho, [this](const status::HttpRequest& r) { return views_->handle(r); });
     http_->start();  // a port that cannot be bound is the user's error: ConfigError/IoError
-    std::fprintf(stderr, "ddprun: live view at http://%s:%u/%s\n", ho.host.c_str(), http_->port(),
+    std::fprintf(stderr, "ddprun: live view at http%s://%s:%u/%s\n", ho.tls_cert.empty() ? "" : "s",
+                 ho.host.c_str(), http_->port(),
                  ho.token.empty() ? "" : " (with the token: ?token=..., or Authorization: Bearer)");
   }
   thread_ = std::thread([this] { run(); });

@@ -2,6 +2,7 @@
 #include "ddp/proto/regroup.hpp"
 
 #include <array>
+#include <optional>
 
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/number.hpp"
@@ -13,6 +14,17 @@ namespace {
 constexpr std::int64_t kMaxRanks = 1 << 24;  // ranks and nodes of one job
 constexpr std::size_t kMaxLine = 512;        // an address of 253 bytes fits with room
 constexpr std::string_view kWord = "regroup";
+
+// The next space-separated field of `rest` (which moves past it); nullopt at the end.
+std::optional<std::string_view> next_field(std::string_view& rest) {
+  const auto sp = rest.find_first_not_of(' ');
+  if (sp == std::string_view::npos) return std::nullopt;
+  rest = rest.substr(sp);
+  const auto end = rest.find(' ');
+  const std::string_view field = rest.substr(0, end);
+  rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+  return field;
+}
 
 }  // namespace
 
@@ -38,13 +50,8 @@ Regroup parse_regroup(std::string_view line) {
                                                      "group_world", "master",      "joining"};
   std::array<bool, kKeys.size()> seen{};
   std::string_view rest = line.substr(kWord.size());
-  while (!rest.empty()) {
-    const auto sp = rest.find_first_not_of(' ');
-    if (sp == std::string_view::npos) break;
-    rest = rest.substr(sp);
-    const auto end = rest.find(' ');
-    const std::string_view field = rest.substr(0, end);
-    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+  while (const auto next = next_field(rest)) {
+    const std::string_view field = *next;
     const auto eq = field.find('=');
     if (eq == std::string_view::npos) {
       throw ConfigError("regroup line: '" + std::string(field) + "' is not key=value");
@@ -107,13 +114,8 @@ PeerLost parse_peer_lost(std::string_view line) {
   PeerLost p;
   bool seen[2] = {false, false};
   std::string_view rest = line.substr(std::string_view("peer_lost").size());
-  while (!rest.empty()) {
-    const auto sp = rest.find_first_not_of(' ');
-    if (sp == std::string_view::npos) break;
-    rest = rest.substr(sp);
-    const auto end = rest.find(' ');
-    const std::string_view field = rest.substr(0, end);
-    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+  while (const auto next = next_field(rest)) {
+    const std::string_view field = *next;
     const auto eq = field.find('=');
     const std::string_view key = field.substr(0, eq);
     const int k = key == "rank" ? 0 : key == "heal" ? 1 : -1;

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "ddp/proto/error.hpp"
 
@@ -174,10 +175,18 @@ long TlsSession::step(int rc, const char* doing) {
   if (e == SSL_ERROR_ZERO_RETURN) return 0;
   const int saved_errno = errno;
   const unsigned long code = first_error();
+  // Closed during the handshake before the server sent a byte: it took the hello for garbage.
+  const std::string silent =
+      std::string_view(doing) == "handshake" && BIO_number_read(SSL_get_rbio(ssl_)) == 0
+          ? " (no TLS answer: a plain http:// member?)"
+          : "";
   if (e == SSL_ERROR_SYSCALL) {
-    if (code == 0 && saved_errno == 0) return 0;  // EOF without close_notify
+    if (code == 0 && saved_errno == 0 && silent.empty()) return 0;  // EOF without close_notify
     throw IoError(where_ + ": TLS " + doing + ": " +
-                  (code != 0 ? reason_of(code) : std::string(std::strerror(saved_errno))));
+                  (code != 0     ? reason_of(code)
+                   : saved_errno ? std::string(std::strerror(saved_errno))
+                                 : std::string("the connection was closed")) +
+                  silent);
   }
   const long verify = SSL_get_verify_result(ssl_);
   if (verify != X509_V_OK) {
@@ -205,7 +214,7 @@ long TlsSession::step(int rc, const char* doing) {
     throw ConfigError(where_ + " refused this client's TLS " + doing + ": " + reason_of(code) +
                       hint);
   }
-  throw IoError(where_ + ": TLS " + doing + ": " + reason_of(code));
+  throw IoError(where_ + ": TLS " + doing + ": " + reason_of(code) + silent);
 }
 
 }  // namespace ddp::rdzv::etcd

@@ -121,7 +121,10 @@ int main(int argc, char** argv) {
   app.add_option("--http-port", http_port, "their TCP port; 0 picks a free one; -1: no HTTP")
       ->capture_default_str()
       ->check(CLI::Range(-1, 65535));
-  std::string http_token_file;
+  std::string http_token_file, http_tls_cert, http_tls_key;
+  app.add_option("--http-tls-cert", http_tls_cert,
+                 "serve the HTTP views over HTTPS only, with this certificate chain (PEM)");
+  app.add_option("--http-tls-key", http_tls_key, "the private key (PEM) of --http-tls-cert");
   app.add_option("--http-token-file", http_token_file,
                  "the HTTP views ask for this token (a file of yours, mode 600) on every route "
                  "but /healthz; default: the store secret, when there is one");
@@ -210,12 +213,17 @@ int main(int argc, char** argv) {
       ddp::status::HttpOptions ho;
       ho.host = http_host;
       ho.port = static_cast<std::uint16_t>(http_port);
+      if (http_tls_cert.empty() != http_tls_key.empty()) {
+        throw ddp::ConfigError("--http-tls-cert and --http-tls-key go together");
+      }
+      ho.tls_cert = http_tls_cert;
+      ho.tls_key = http_tls_key;
       ho.token = ddp::status::views_token(
           http_token_file, opts.secret.empty() ? std::nullopt : std::optional(opts.secret));
       http.emplace(ho, [&views](const ddp::status::HttpRequest& r) { return views.handle(r); });
       http->start();
-      std::cout << "ddprund: status page at http://" << url_host(http_host) << ":" << http->port()
-                << "/"
+      std::cout << "ddprund: status page at http" << (http_tls_cert.empty() ? "" : "s") << "://"
+                << url_host(http_host) << ":" << http->port() << "/"
                 << (ho.token.empty() ? ""
                                      : " (with the token: ?token=..., or Authorization: Bearer)")
                 << std::endl;

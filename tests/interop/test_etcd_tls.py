@@ -99,12 +99,13 @@ def test_a_bad_tls_setting_is_refused_by_name(launcher, etcd_tls, pki, case):  #
 
 
 def test_a_member_that_does_not_speak_tls_is_named(launcher, etcd1, pki):  # noqa: F811
-    # etcd's plain port holds a TLS hello without answering: each try ends at the connect
-    # timeout, and the request's error (read_timeout) says what it waited for.
+    # etcd's plain port holds a TLS hello without answering (each try ends at the connect
+    # timeout) or closes on it; the request's error (read_timeout) says what it saw.
     a = agent(launcher, "https://" + etcd1.endpoints[0], f"cacert={pki['ca']},read_timeout=5",
               "plain")
     assert a.wait(60) != 0, a.output()
-    assert "in the TLS handshake (no answer: a plain http:// member" in a.stderr, a.output()
+    # etcd either holds the hello unanswered or closes on it; either way the error says why
+    assert "a plain http:// member" in a.stderr, a.output()
 
 
 def test_plain_http_to_a_tls_cluster_is_refused(launcher, etcd_tls):  # noqa: F811

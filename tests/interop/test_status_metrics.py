@@ -74,8 +74,9 @@ def all_ranks(job):
 class Prometheus:
     """A Prometheus server in its own process group, its data and config under `workdir`."""
 
-    def __init__(self, workdir, targets, credentials=None):
-        """credentials: {job: a file holding the bearer token its targets ask for}."""
+    def __init__(self, workdir, targets, credentials=None, tls_ca=None):
+        """credentials: {job: a file holding the bearer token its targets ask for}; tls_ca:
+        {job: the CA file of its targets' HTTPS certificates} (scheme https)."""
         self.dir = os.path.join(workdir, "prometheus")
         os.makedirs(self.dir)
         config = os.path.join(self.dir, "prometheus.yml")
@@ -85,6 +86,8 @@ class Prometheus:
             for job, ports in targets.items():
                 hosts = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
                 f.write(f"  - job_name: {job}\n")
+                if tls_ca and job in tls_ca:
+                    f.write(f"    scheme: https\n    tls_config:\n      ca_file: {tls_ca[job]}\n")
                 if credentials and job in credentials:
                     f.write(f"    authorization:\n      type: Bearer\n"
                             f"      credentials_file: {credentials[job]}\n")

@@ -1,10 +1,14 @@
-"""The status views ask for a token (issue 35, part 3; docs/security.md): ddprund with
---http-token-file answers /healthz to anyone and every other route only with the token, as a
-bearer header, as the cookie a ?token= visit sets, never otherwise; a token file others can read
-is refused by name; and a real Prometheus server scrapes /metrics with `authorization:
-credentials_file` while a scrape without it is down with 401. Bounded: one ddprund, one
-Prometheus, each wait under a timeout."""
+"""The status views ask for a token and can be served over HTTPS (issue 35, part 3;
+docs/security.md): ddprund with --http-token-file answers /healthz to anyone and every other
+route only with the token, as a bearer header, as the cookie a ?token= visit sets, never
+otherwise; a token file others can read is refused by name; a real Prometheus server scrapes
+/metrics with `authorization: credentials_file` while a scrape without it is down with 401; with
+--http-tls-cert/--http-tls-key the views speak HTTPS only (certificates the test makes:
+tests/support/tls_certs.py), a client that trusts the CA reads them with the token, plain HTTP
+gets nothing, and Prometheus scrapes them with `tls_config` and the token. Bounded: one ddprund,
+one Prometheus, each wait under a timeout."""
 import os
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
@@ -12,6 +16,7 @@ import urllib.request
 import pytest
 
 from conftest import Daemon
+from support.tls_certs import make_pki
 from test_status_metrics import Prometheus, needs_prometheus, wait_for
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -88,5 +93,66 @@ def test_prometheus_scrapes_with_the_token_and_not_without(daemon, tmp_path, tok
         prom.wait_value('up{job="with_token"}', 1, 60, daemon.output)
         prom.wait_value('up{job="without"}', 0, 60, daemon.output)
         prom.wait_value('count(ddprun_store_keys{job="with_token"})', 1, 60, daemon.output)
+    finally:
+        prom.stop()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(str(tmp_path_factory.mktemp("pki")))
+
+
+@pytest.fixture
+def https_daemon(tmp_path, token_file, pki):
+    http_file = str(tmp_path / "https_port")
+    d = Daemon("--http-port", "0", "--http-port-file", http_file, "--http-token-file", token_file,
+               "--http-tls-cert", pki["server"], "--http-tls-key", pki["server_key"])
+    assert wait_for(lambda: os.path.exists(http_file), 10), d.output()
+    d.http_port = int(open(http_file).read())
+    yield d
+    assert d.stop() == 0, d.output()
+
+
+def test_https_views_with_the_token(https_daemon, pki):
+    port = https_daemon.http_port
+    trusting = ssl.create_default_context(cafile=pki["ca"])
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                         urllib.request.HTTPSHandler(context=trusting))
+    req = urllib.request.Request(f"https://127.0.0.1:{port}/metrics",
+                                 headers={"Authorization": "Bearer " + TOKEN})
+    with opener.open(req, timeout=10) as r:
+        assert r.status == 200 and "ddprun_store_keys" in r.read().decode()
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        opener.open(f"https://127.0.0.1:{port}/metrics", timeout=10)
+    with opener.open(f"https://127.0.0.1:{port}/healthz", timeout=10) as r:
+        assert r.read() == b"ok\n"
+    # plain HTTP on the HTTPS port: no page (the TLS handshake fails, the connection closes)
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        OPENER.open(f"http://127.0.0.1:{port}/healthz", timeout=10).read()
+    # a client that does not trust the CA refuses the server
+    other = ssl.create_default_context(cafile=pki["other_ca"])
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                    urllib.request.HTTPSHandler(context=other)).open(
+            f"https://127.0.0.1:{port}/healthz", timeout=10)
+    assert "status page at https://" in https_daemon.output()
+
+
+def test_a_key_that_is_not_the_certificates_is_refused(tmp_path, pki):
+    r = subprocess.run([os.path.join(os.path.dirname(__file__), "../../build/bin/ddprund"),
+                        "--port", "0", "--http-port", "0", "--http-tls-cert", pki["server"],
+                        "--http-tls-key", pki["client_key"]],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "the HTTPS key " + pki["client_key"] in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@needs_prometheus
+def test_prometheus_scrapes_https_with_the_token(https_daemon, tmp_path, token_file, pki):
+    prom = Prometheus(str(tmp_path), {"https": [https_daemon.http_port]},
+                      credentials={"https": token_file}, tls_ca={"https": pki["ca"]})
+    try:
+        prom.wait_value('up{job="https"}', 1, 60, https_daemon.output)
+        prom.wait_value('count(ddprun_store_keys{job="https"})', 1, 60, https_daemon.output)
     finally:
         prom.stop()

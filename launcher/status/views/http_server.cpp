@@ -1,5 +1,6 @@
 // The bounded HTTP server (http_server.hpp): one io_context on one thread, a Session per
-// connection that reads a request head under a deadline, answers it and reads the next.
+// connection (plain TCP, or TLS over it with a certificate) that reads a request head under a
+// deadline, answers it and reads the next.
 // Descriptors are close-on-exec (accept4), so an agent that embeds it forks workers safely.
 #include "ddp/status/http_server.hpp"
 
@@ -14,12 +15,15 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>  // before Asio: 1.74's awaitable.hpp uses std::exchange without it
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/log.hpp"
@@ -49,7 +53,12 @@ const std::string& busy_reply() {
   return reply;
 }
 
-class Session;
+// What stop() needs of every connection, whatever its stream.
+class SessionBase {
+ public:
+  virtual ~SessionBase() = default;
+  virtual void close_now() = 0;
+};
 
 // Everything the server's thread touches. Members used by a Session's destructor come before
 // the io_context, which destroys the sessions still held by its pending handlers.
@@ -58,7 +67,8 @@ struct Core {
   HttpHandler handler;
   std::atomic<std::uint64_t> open{0}, total{0}, refused{0}, requests{0}, timeouts{0}, rejected{0},
       handler_errors{0}, unauthorized{0};
-  std::unordered_set<Session*> sessions;  // the server's thread only (or after it ended)
+  std::unordered_set<SessionBase*> sessions;  // the server's thread only (or after it ended)
+  std::optional<asio::ssl::context> tls;      // HttpOptions::tls_cert: HTTPS only
   asio::io_context io{1};
   std::optional<tcp::acceptor> acceptor;
   std::optional<asio::steady_timer> accept_retry;
@@ -87,10 +97,13 @@ bool valid(const HttpResponse& r) {
   return r.status >= 200 && r.status <= 599 && clean(r.content_type);
 }
 
-class Session : public std::enable_shared_from_this<Session> {
+// Stream: beast::tcp_stream, or beast::ssl_stream over one (HTTPS).
+template <class Stream>
+class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(Core& core, tcp::socket socket)
-      : c_(core), stream_(std::move(socket)), buffer_(core.o.max_request_bytes + kBufferSlack) {
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+  Session(Core& core, Stream stream)
+      : c_(core), stream_(std::move(stream)), buffer_(core.o.max_request_bytes + kBufferSlack) {
     c_.sessions.insert(this);
     c_.open.fetch_add(1);
     c_.total.fetch_add(1);
@@ -102,17 +115,37 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  void start() { read_head(); }
-  void close_now() { stream_.close(); }
+  using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+
+  // HTTPS: the TLS handshake first, under the request's deadline (a client that never finishes
+  // it is a slow client like any other).
+  void start() {
+    if constexpr (kTls) {
+      tcp().expires_after(c_.o.request_timeout);
+      stream_.async_handshake(asio::ssl::stream_base::server,
+                              [self = shared_from_this()](beast::error_code ec) {
+                                if (ec) {
+                                  self->c_.rejected.fetch_add(1);
+                                  return;
+                                }
+                                self->read_head();
+                              });
+    } else {
+      read_head();
+    }
+  }
+  void close_now() override { tcp().close(); }
 
  private:
+  beast::tcp_stream& tcp() { return beast::get_lowest_layer(stream_); }
+
   void read_head() {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(c_.o.max_request_bytes, std::uint32_t{0xffffffff})));
     head_ = false;
     version_ = 11;
-    stream_.expires_after(c_.o.request_timeout);
+    tcp().expires_after(c_.o.request_timeout);
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_head(ec); });
@@ -209,7 +242,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res_->content_length(length);
     res_->keep_alive(!close);
     close_after_ = close;
-    stream_.expires_after(c_.o.write_timeout);
+    tcp().expires_after(c_.o.write_timeout);
     http::async_write(
         stream_, *res_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_written(ec); });
@@ -230,8 +263,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // so that closing with unread input does not reset the connection before the reply is read.
   void linger() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(std::min<std::chrono::milliseconds>(c_.o.request_timeout, kMaxLinger));
+    tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    tcp().expires_after(std::min<std::chrono::milliseconds>(c_.o.request_timeout, kMaxLinger));
     drain();
   }
 
@@ -244,7 +277,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   Core& c_;
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::empty_body>> parser_;
   std::optional<http::response<http::string_body>> res_;
@@ -301,7 +334,30 @@ void Core::adopt(int fd) {
     return;
   }
   s.set_option(tcp::no_delay(true), ec);
-  std::make_shared<Session>(*this, std::move(s))->start();
+  if (tls) {
+    using Tls = beast::ssl_stream<beast::tcp_stream>;
+    std::make_shared<Session<Tls>>(*this, Tls(beast::tcp_stream(std::move(s)), *tls))->start();
+  } else {
+    std::make_shared<Session<beast::tcp_stream>>(*this, beast::tcp_stream(std::move(s)))->start();
+  }
+}
+
+// HTTPS: the certificate chain and its key, TLS 1.2 or later; ConfigError naming the file.
+asio::ssl::context server_tls(const HttpOptions& o) {
+  asio::ssl::context ctx(asio::ssl::context::tls_server);
+  ::SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION);
+  beast::error_code ec;
+  ctx.use_certificate_chain_file(o.tls_cert, ec);
+  if (ec) {
+    DDP_THROW(ConfigError,
+              "the HTTPS certificate " + o.tls_cert + " cannot be used: " + ec.message());
+  }
+  ctx.use_private_key_file(o.tls_key, asio::ssl::context::pem, ec);
+  if (ec) {
+    DDP_THROW(ConfigError, "the HTTPS key " + o.tls_key + " cannot be used (is it the key of " +
+                               o.tls_cert + "?): " + ec.message());
+  }
+  return ctx;
 }
 
 }  // namespace
@@ -324,6 +380,7 @@ void HttpServer::start() {
     DDP_THROW(ConfigError, "the HTTP server on " + where +
                                " needs max_connections and max_request_bytes above 0");
   }
+  if (!c.o.tls_cert.empty()) c.tls.emplace(server_tls(c.o));
   beast::error_code ec;
   tcp::resolver resolver(c.io);
   auto results = resolver.resolve(c.o.host, std::to_string(c.o.port),
@@ -379,7 +436,7 @@ void HttpServer::stop() {
   beast::error_code ignored;
   c.acceptor->close(ignored);
   c.accept_retry->cancel();
-  for (Session* s : c.sessions) s->close_now();
+  for (SessionBase* s : c.sessions) s->close_now();
 }
 
 std::uint16_t HttpServer::port() const { return impl_->port.load(); }

@@ -104,7 +104,8 @@ struct LaunchConfig {
   // --store-allow: networks admitted to the agent's stores without authenticating
   // (docs/security.md), besides loopback and the round's nodes.
   std::vector<rdzv::Cidr> store_allow;
-  std::string http_token_file;  // --http-token-file ("": the job's secret, if any)
+  std::string http_token_file;              // --http-token-file ("": the job's secret, if any)
+  std::string http_tls_cert, http_tls_key;  // --http-tls-cert/-key: HTTPS views
   // --store-allow-uids: besides this user and root, who may use them over loopback (nullopt:
   // any local user).
   std::optional<std::vector<std::uint32_t>> store_allow_uids = std::vector<std::uint32_t>{};

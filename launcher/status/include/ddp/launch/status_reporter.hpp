@@ -52,6 +52,7 @@ struct StatusSetup {
   std::string http_host;
   int http_port = -1;
   std::string http_token;  // non-empty: asked of every route but /healthz (http_auth.hpp)
+  std::string http_tls_cert, http_tls_key;                // both set: HTTPS only
   std::function<rdzv::ServerStats()> hosted_store_stats;  // when this agent hosts the store
   std::string trace_path;                                 // --trace FILE ("": none)
   ProgressMode progress = ProgressMode::automatic;

@@ -49,6 +49,9 @@ struct HttpOptions {
   // Non-empty: every route but /healthz asks for it (http_auth.hpp); a request without it is
   // answered 401 before the handler. Empty: open, as before.
   std::string token;
+  // Both set: HTTPS only, with this certificate chain and its key (PEM files); ConfigError at
+  // start() naming a file that cannot be used.
+  std::string tls_cert, tls_key;
 };
 
 // Counters since start(), readable from any thread.
