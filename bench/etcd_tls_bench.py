@@ -6,7 +6,7 @@ agent count. Each agent opens its own connections, so every round pays each agen
 handshakes (the etcd client keeps one connection to a member and one per watch).
 
 Reproduce (2-core VM, ~2 min):
-  python3 bench/etcd_tls_bench.py --agents 4,16,64 --reps 5
+  ~/.cache/ddprun/torch-venv/bin/python bench/etcd_tls_bench.py --agents 4,16,64 --reps 5
 """
 import argparse
 import json
