@@ -175,7 +175,14 @@ void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
       for (;;) {
         auto line = stream.next_line(deadline);
         if (!line) timed_out(missing);
-        const WatchMessage m = parse_watch_message(*line);
+        WatchMessage m;
+        try {
+          m = parse_watch_message(*line);
+        } catch (const ProtocolError& e) {
+          // etcd's last word on a broken stream ("etcdserver: no leader" while it has no
+          // quorum): the stream is gone, not the store; read and watch again, as for a break.
+          DDP_THROW(IoError, std::string(e.what()) + " (the watch broke)");
+        }
         if (m.canceled) {
           DDP_THROW(IoError, "etcd canceled a watch: " + m.cancel_reason);
         }
