@@ -77,7 +77,12 @@ bool token_safe(std::string_view token) {
 
 std::string views_token(const std::string& token_file, const std::optional<std::string>& secret) {
   if (!token_file.empty()) {
-    std::string t = proto::auth::read_secret_file(token_file);
+    std::string t;
+    try {
+      t = proto::auth::read_secret_file(token_file);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--http-token-file: ") + e.what());
+    }
     if (!token_safe(t)) {
       throw ConfigError("--http-token-file " + token_file +
                         ": a token is printable ASCII without spaces, quotes, commas, "

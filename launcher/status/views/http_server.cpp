@@ -344,6 +344,13 @@ void Core::adopt(int fd) {
 
 // HTTPS: the certificate chain and its key, TLS 1.2 or later; ConfigError naming the file.
 asio::ssl::context server_tls(const HttpOptions& o) {
+  for (const std::string* f : {&o.tls_cert, &o.tls_key}) {
+    if (::access(f->c_str(), R_OK) != 0) {
+      DDP_THROW(ConfigError, "the HTTPS " +
+                                 std::string(f == &o.tls_cert ? "certificate " : "key ") + *f +
+                                 " cannot be read: " + std::strerror(errno));
+    }
+  }
   asio::ssl::context ctx(asio::ssl::context::tls_server);
   ::SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION);
   beast::error_code ec;
