@@ -20,6 +20,7 @@
 
 #include "ddp/proto/auth.hpp"
 #include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/store_tls.hpp"
 
 namespace {
 
@@ -34,6 +35,8 @@ ddp::rdzv::ClientOptions options() {
   o.timeout = std::chrono::seconds(60);
   o.connect_timeout = std::chrono::seconds(60);
   if (auto s = ddp::proto::auth::job_secret()) o.secret = std::move(*s);
+  static const auto tls = ddp::rdzv::store_client_tls();  // one context: sessions resume
+  o.tls = tls;
   return o;
 }
 

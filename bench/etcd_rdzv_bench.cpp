@@ -54,7 +54,7 @@ struct Setup {
   std::string backend;  // etcd | c10d
   std::vector<rdzv::Endpoint> endpoints;
   std::chrono::milliseconds lease{2000};
-  rdzv::etcd::TlsOptions tls;  // https:// members
+  rdzv::TlsOptions tls;  // https:// members
 };
 
 void send(int fd, const Result& r) { [[maybe_unused]] auto n = ::write(fd, &r, sizeof r); }

@@ -2,7 +2,8 @@
 """The counts of one ctest run, each pytest file's tests counted one by one.
 
     count_tests.py CTEST_LOG [REPORT]       prints "PASSED FAILED SKIPPED", then one line per
-                                            skip: "skipped: SUITE: TEST: REASON"
+                                            skip: "skipped: SUITE: TEST: REASON", then one per
+                                            failure: "failed: SUITE[: TEST]"
     count_tests.py --pytest SUITE RC REPORT the same for one pytest run outside ctest (SUITE its
                                             DDP_SUITE, RC its exit status)
 
@@ -36,8 +37,9 @@ def ctest_results(lines):
     return out
 
 
-def read_report(lines):
-    """(suites by name, [skip lines]) from the report's JSON lines; a bad line is an error."""
+def read_report(lines, failures=None):
+    """(suites by name, [skip lines]) from the report's JSON lines; a bad line is an error. The
+    failed pytest tests' (suite, test) go to the list `failures` when one is given."""
     suites, skips = {}, []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -50,6 +52,8 @@ def read_report(lines):
             prev = suites.get(rec["suite"], {"passed": 0, "failed": 0, "skipped": 0})
             suites[rec["suite"]] = {k: prev[k] + int(rec[k]) for k in prev}
             skips += [(rec["suite"], s["test"], s["reason"]) for s in rec.get("skips", [])]
+            if failures is not None:
+                failures += [(rec["suite"], t) for t in rec.get("failures", [])]
         else:
             skips.append((rec.get("suite", "?"), rec.get("test", "?"), rec.get("reason", "?")))
     return suites, skips
@@ -74,6 +78,15 @@ def count(results, suites, skips=()):
     return total["passed"], total["failed"], total["skipped"]
 
 
+def failure_lines(results, failures):
+    """One "failed: ..." line per failure: each failed pytest test by name, and each entry ctest
+    failed that no pytest test accounts for (a Catch2 case, a timeout, a crash)."""
+    lines = [f"failed: {suite}: {test}" for suite, test in failures]
+    named = {suite for suite, _ in failures}
+    lines += [f"failed: {name}" for name, kind in results if kind == "failed" and name not in named]
+    return lines
+
+
 def main(argv):
     if len(argv) == 5 and argv[1] == "--pytest":
         results = [(argv[2], "passed" if argv[3] == "0" else "failed")]
@@ -84,11 +97,11 @@ def main(argv):
         report = argv[2] if len(argv) == 3 else None
     else:
         raise SystemExit("usage: count_tests.py CTEST_LOG [REPORT] | --pytest SUITE RC REPORT")
-    suites, skips = {}, []
+    suites, skips, failures = {}, [], []
     if report:
         try:
             with open(report, encoding="utf-8") as f:
-                suites, skips = read_report(f)
+                suites, skips = read_report(f, failures)
         except FileNotFoundError:
             pass
     names = {name for name, _ in results}
@@ -96,6 +109,9 @@ def main(argv):
     for suite, test, reason in skips:
         if suite in names or suite == "catch2":
             print(f"skipped: {suite}: {test}: {reason}")
+    names |= {"catch2"}
+    for line in failure_lines(results, [f for f in failures if f[0] in names]):
+        print(line)
     return 0
 
 

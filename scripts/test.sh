@@ -41,6 +41,7 @@ note() {
 # tests/support/pytest_tools.py): here a missing tool is a broken set-up.
 export DDP_REQUIRE_TOOLS=1
 skip_lines=""  # every skip's "skipped: SUITE: TEST: REASON", printed at the end
+fail_lines=""  # every failure's "failed: SUITE[: TEST]", printed last: CI shows the log's tail
 # Runs ctest in dir $1 (extra args after), adding its counts to the totals: each pytest file's
 # tests one by one (tests/conftest.py reports them; scripts/count_tests.py reads both).
 run_ctest() {
@@ -54,14 +55,18 @@ run_ctest() {
   if grep -qE 'tests failed out of [0-9]+' "$log" && counts=$(scripts/count_tests.py "$log" "$report"); then
     read -r p f s <<<"$(head -1 <<<"$counts")"
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-    skip_lines+=$(tail -n +2 <<<"$counts" | sed "s|^skipped: |skipped ($dir): |")$'\n'
+    skip_lines+=$(tail -n +2 <<<"$counts" | grep '^skipped: ' | sed "s|^skipped: |skipped ($dir): |")$'\n'
+    fail_lines+=$(tail -n +2 <<<"$counts" | grep '^failed: ' | sed "s|^failed: |failed ($dir): |")$'\n'
   else
-    failed=$((failed + 1))
+    failed=$((failed + 1)); fail_lines+="failed ($dir): ctest ran no test or its log could not be read"$'\n'
   fi
   rm -f "$log" "$report"
 }
+fail() {  # fail NAME: one failure, named again at the end
+  echo "FAILED: $1"; failed=$((failed + 1)); fail_lines+="failed: $1"$'\n'
+}
 step() {  # step NAME COMMAND...: one pass/fail entry
-  if "${@:2}"; then passed=$((passed + 1)); else echo "FAILED: $1"; failed=$((failed + 1)); fi
+  if "${@:2}"; then passed=$((passed + 1)); else fail "$1"; fi
 }
 
 unity=-DCMAKE_UNITY_BUILD=ON
@@ -70,7 +75,7 @@ if cmake -S . -B build -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON -DDD
      -DDDP_TORCH113_PYTHON=/usr/bin/python3 >/dev/null && ninja -C build; then
   run_ctest build -LE '^interop$'  # the interop suites run in the ASan tree
 else
-  echo "FAILED: build"; failed=$((failed + 1))
+  fail "build"
 fi
 
 note "1b. Slurm: the slurm/ scripts on a real 2-node Slurm cluster (its own network namespaces)"
@@ -84,13 +89,14 @@ run_pytest() {  # run_pytest SUITE ARGS...: one count per test, as run_ctest's
   counts=$(scripts/count_tests.py --pytest "$suite" "$rc" "$report") || counts="0 1 0"
   read -r p f s <<<"$(head -1 <<<"$counts")"
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-  skip_lines+=$(tail -n +2 <<<"$counts")$'\n'
+  skip_lines+=$(tail -n +2 <<<"$counts" | grep '^skipped: ')$'\n'
+  fail_lines+=$(tail -n +2 <<<"$counts" | grep '^failed: ')$'\n'
   rm -f "$report"
 }
 if [[ -x build/bin/ddprun && -x build/bin/ddp-train ]]; then
   run_pytest slurm tests/slurm
 else
-  echo "FAILED: slurm (no build)"; failed=$((failed + 1))
+  fail "slurm (no build)"
 fi
 
 note "1c. mutants: chosen conditions flipped one at a time; their tests must fail"
@@ -104,7 +110,7 @@ if cmake -S . -B build-asan -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_ctest build-asan -R "^(unit|integration)/|^interop: |^chaos: "
 else
-  echo "FAILED: sanitizer build"; failed=$((failed + 1))
+  fail "sanitizer build"
 fi
 
 note "2b. TSan: unit + integration (the integration server runs three event loops)"
@@ -112,7 +118,7 @@ if cmake -S . -B build-tsan -G Ninja $unity -DDDP_BUILD_TESTS=ON -DDDP_WERROR=ON
      >/dev/null && ninja -C build-tsan ddp_unit_tests ddp_integration_tests; then
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest build-tsan -R "^(unit|integration)/"
 else
-  echo "FAILED: tsan build"; failed=$((failed + 1))
+  fail "tsan build"
 fi
 
 note "3. libFuzzer: decoder + dispatch, ${DDP_FUZZ_SECONDS:-60} s"
@@ -151,7 +157,7 @@ if command -v nvcc >/dev/null; then
     fi
     return 0  # run_ctest counted the results
   }
-  cuda || { echo "FAILED: cuda build"; failed=$((failed + 1)); }
+  cuda || { fail "cuda build"; }
 else
   echo "SKIPPED: nvcc not found"; skipped=$((skipped + 1))
 fi
@@ -170,12 +176,13 @@ if scripts/build_packages.sh --like-tests; then
   run_pytest "install: wheel" tests/install/test_wheel.py
   run_pytest "install: deb" tests/install/test_deb.py
 else
-  echo "FAILED: packages"; failed=$((failed + 1))
+  fail "packages"
 fi
 
 note "end"
 echo
 grep -v '^$' <<<"$skip_lines"
+grep -v '^$' <<<"$fail_lines"
 echo "times: setup:${setup_s}s ${times}total:${SECONDS}s"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]

@@ -30,6 +30,7 @@ def pytest_terminal_summary(terminalreporter):
         "failed": count["failed"] + count["error"],
         "skipped": count["skipped"],
         "skips": [{"test": r.nodeid, "reason": _skip_reason(r)} for r in stats.get("skipped", [])],
+        "failures": [r.nodeid for k in ("failed", "error") for r in stats.get(k, [])],
     }
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")

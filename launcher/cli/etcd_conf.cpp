@@ -49,14 +49,15 @@ std::vector<Endpoint> etcd_members(const LaunchConfig& c) {
   }
 }
 
-rdzv::etcd::TlsOptions etcd_tls(const LaunchConfig& c, const knobs::Env* env) {
+rdzv::TlsOptions etcd_tls(const LaunchConfig& c, const knobs::Env* env) {
   bool https = false;
   try {
     rdzv::etcd::parse_etcd_endpoints(c.rdzv_endpoint, &https);
   } catch (const ConfigError& e) {
     throw ConfigError("--rdzv-endpoint=" + c.rdzv_endpoint + ": " + e.what());
   }
-  rdzv::etcd::TlsOptions t;
+  rdzv::TlsOptions t;
+  t.cert_hint = "give cert= and key= in --rdzv-conf (or ETCDCTL_CERT and ETCDCTL_KEY)";
   if (const std::string* p = conf(c, "protocol")) {
     if (*p != "http" && *p != "https") {
       throw ConfigError("--rdzv-conf protocol=" + *p + ": expected http or https");
@@ -68,7 +69,7 @@ rdzv::etcd::TlsOptions etcd_tls(const LaunchConfig& c, const knobs::Env* env) {
   }
   t.on = https;
   // Each file: torchrun's key, etcd-v2's alias (not both), else etcdctl's variable.
-  const auto file = [&](rdzv::etcd::TlsFile& f, const char* key, const char* alias,
+  const auto file = [&](rdzv::TlsFile& f, const char* key, const char* alias,
                         const char* var) {
     const std::string* a = conf(c, key);
     const std::string* b = conf(c, alias);

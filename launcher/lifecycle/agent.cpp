@@ -38,6 +38,7 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/proto/knobs.hpp"
 #include "ddp/proto/number.hpp"
+#include "ddp/rdzv/store_tls.hpp"
 
 #include "agent_ports.hpp"
 #include "agent_status.hpp"
@@ -171,12 +172,18 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   }
   // The job's secret (docs/security.md): the stores this agent hosts demand it of peers outside
   // their trusted networks, and every connection of the agent answers a store's challenge.
-  StoreAccess access{proto::auth::job_secret().value_or(""), config.store_allow,
-                     config.store_allow_uids};
+  // With DDPRUN_STORE_TLS_* (store_tls.hpp) they serve TLS, and every connection speaks it.
+  const rdzv::StoreTls tls = rdzv::store_tls();
+  StoreAccess access{
+      proto::auth::job_secret().value_or(""), config.store_allow, config.store_allow_uids,
+      tls.files.on ? std::make_shared<const rdzv::TlsContext>(tls.files, rdzv::TlsRole::server)
+                   : nullptr,
+      tls.only};
   const StoreClients clients = store_clients(
       seconds_setting(config.rdzv_conf, "read_timeout", 60, "--rdzv-conf read_timeout"),
       ro.join_timeout, keep_alive * keep_alive_attempts,
-      milliseconds(static_cast<long>(config.store_outage_grace_s * 1000)), access.secret);
+      milliseconds(static_cast<long>(config.store_outage_grace_s * 1000)), access.secret,
+      tls.files.on ? std::make_shared<const rdzv::TlsContext>(tls.files) : nullptr);
   const rdzv::ClientOptions& co = clients.rendezvous;
   const std::string prefix_template =
       config.log_line_prefix_template ? *config.log_line_prefix_template : kDefaultPrefixTemplate;

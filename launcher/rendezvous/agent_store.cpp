@@ -176,6 +176,8 @@ std::unique_ptr<rdzv::StoreServer> start_server(const std::string& bind, std::ui
   so.trusted = std::move(trusted);
   so.closed = closed;
   so.loopback_uids = access.uids;
+  so.tls = access.tls;
+  so.tls_only = access.tls_only;
   auto s = std::make_unique<rdzv::StoreServer>(so);
   s->start();
   return s;

@@ -3,11 +3,13 @@
 // members, which the workers' store admits without authenticating. Private to the launcher.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ddp/launch/round.hpp"
 #include "ddp/rdzv/access.hpp"
+#include "ddp/rdzv/tls.hpp"
 
 namespace ddp::launch {
 
@@ -16,6 +18,9 @@ struct StoreAccess {
   std::vector<rdzv::Cidr> allow;  // --store-allow
   // --store-allow-uids: on loopback, this user, root and these (nullopt: any local user).
   std::optional<std::vector<std::uint32_t>> uids = std::vector<std::uint32_t>{};
+  // DDPRUN_STORE_TLS_* (store_tls.hpp; null: plain): the hosted stores' server context.
+  std::shared_ptr<const rdzv::TlsContext> tls;
+  bool tls_only = false;
 };
 
 // This host's interface addresses (up, IPv4 and IPv6, loopback and link-local excluded), at

@@ -22,6 +22,7 @@
 #include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/store_tls.hpp"
 #include "ddp/status/job_view.hpp"
 
 namespace ddp::launch {
@@ -268,6 +269,7 @@ int run_status_command(const std::vector<std::string>& args, const EtcdStatusSto
       try {
         rdzv::ClientOptions co;
         co.secret = proto::auth::job_secret().value_or("");
+        co.tls = rdzv::store_client_tls();
         co.timeout = kStoreTimeout;
         co.connect_timeout = kStoreTimeout;
         store = std::make_unique<rdzv::StoreClient>(o.endpoint, co);

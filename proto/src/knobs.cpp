@@ -72,6 +72,12 @@ constexpr Knob kKnobs[] = {
      "(docs/security.md)"},
     {"DDPRUN_STORE_SECRET_FILE", Kind::text, "", "ddprund, ddprun, ddpstore, ddp-train",
      "a file holding the store secret, owned by the user and mode 600 (or stricter)"},
+    {"DDPRUN_STORE_TLS_CERT DDPRUN_STORE_TLS_KEY DDPRUN_STORE_TLS_CA", Kind::text, "",
+     "ddprund, ddprun, ddpstore, ddp-train",
+     "mutual TLS on the store's connections: this node's certificate, its key, the job's CA "
+     "(all three or none)"},
+    {"DDPRUN_STORE_TLS_ONLY", Kind::flag01, "0", "ddprund, ddprun",
+     "1: a TLS store refuses plain connections except over loopback"},
     {"DDPRUN_HEAL", Kind::integer, "0", "ddp-train",
      "set by ddprun for a worker that replaces one that died (in-place recovery): the heal's "
      "ordinal"},

@@ -16,6 +16,8 @@ std::string_view refusal_name(Refusal r) {
     case Refusal::no_challenge: return "AUTH without a HELLO challenge";
     case Refusal::address: return "address not admitted";
     case Refusal::user: return "another user's socket on loopback";
+    case Refusal::plain: return "plain connection to a TLS-only store";
+    case Refusal::tls: return "TLS handshake failed";
   }
   return "?";
 }

@@ -20,7 +20,10 @@ enum class Refusal : std::uint8_t {
   no_challenge,     // AUTH without a HELLO (version >= 2) nonce to answer
   address,          // a peer outside the trusted networks of a closed store
   user,             // a loopback peer whose socket belongs to another user
+  plain,            // a plain connection from off the host to a TLS-only store
+  tls,              // a failed TLS handshake (no client certificate, or an untrusted one)
 };
+inline constexpr std::size_t kRefusals = static_cast<std::size_t>(Refusal::tls) + 1;
 std::string_view refusal_name(Refusal r);
 
 class Gate {
@@ -30,6 +33,8 @@ class Gate {
   Gate(const proto::auth::Key* key, bool admitted) : key_(key), open_(admitted) {}
 
   bool open() const { return open_; }
+  // The peer proved itself another way (a client certificate the store's CA signed).
+  void admit() { open_ = true; }
   // HELLO: whether its reply carries a fresh nonce (from version 2, when the server has a
   // secret; else the nonce is empty). The caller makes it (auth::nonce) and sets it.
   bool wants_nonce(std::uint32_t version) const;

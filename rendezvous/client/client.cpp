@@ -1,5 +1,5 @@
-// StoreClient's requests over plain POSIX sockets (connecting is dialer.cpp's): every read
-// bounded by poll() against a deadline, torch's WAIT/CANCEL_WAIT dance on timeout.
+// StoreClient's requests over POSIX sockets, plain or through TLS (connecting is dialer.cpp's):
+// every read bounded by poll() against a deadline, torch's WAIT/CANCEL_WAIT dance on timeout.
 #include "ddp/rdzv/client.hpp"
 
 #include <netinet/in.h>
@@ -37,7 +37,15 @@ void StoreClient::rethrow_refusal() {
   char buf[4096];
   ssize_t n = static_cast<ssize_t>(std::min(in_.size() - in_pos_, sizeof(buf)));
   std::memcpy(buf, in_.data() + in_pos_, static_cast<std::size_t>(n));
-  ssize_t more = ::recv(fd_, buf + n, sizeof(buf) - static_cast<std::size_t>(n), MSG_DONTWAIT);
+  ssize_t more = -1;
+  if (!tls_) {
+    more = ::recv(fd_, buf + n, sizeof(buf) - static_cast<std::size_t>(n), MSG_DONTWAIT);
+  } else {
+    try {
+      more = tls_->read(buf + n, sizeof(buf) - static_cast<std::size_t>(n));
+    } catch (const Error&) {
+    }
+  }
   if (more > 0) n += more;
   if (n < 9 || static_cast<std::uint8_t>(buf[0]) != proto::kReplyError) return;
   std::uint64_t len = 0;
@@ -49,11 +57,58 @@ void StoreClient::rethrow_refusal() {
   DDP_THROW(ProtocolError, "store " + endpoint_ + " refused a request: " + msg);
 }
 
+// Waits (bounded) until the socket can do `events`: TLS's reads and writes on the
+// non-blocking socket.
+void StoreClient::wait_io(short events, Clock::time_point deadline) {
+  while (true) {
+    pollfd p[2] = {{fd_, events, 0}, {wake_fd_, POLLIN, 0}};
+    const int r = ::poll(p, 2, remaining_ms(deadline));
+    if (r > 0 && p[1].revents != 0) broken("interrupted");
+    if (r > 0) return;
+    if (r == 0) broken("no progress within " + std::to_string(opts_.timeout.count()) + " ms");
+    if (errno != EINTR) broken(std::string("poll failed: ") + std::strerror(errno));
+  }
+}
+
+long StoreClient::io_send(const char* p, std::size_t n) {
+  if (!tls_) return ::send(fd_, p, n, MSG_NOSIGNAL);
+  const auto until = deadline();
+  try {
+    while (true) {
+      const long r = tls_->write(p, n);
+      if (r > 0) return r;
+      if (r == 0) {
+        errno = EPIPE;
+        return -1;
+      }
+      wait_io(static_cast<short>(-r), until);
+    }
+  } catch (const IoError& e) {
+    broken(e.what());
+  }
+}
+
+long StoreClient::io_recv(char* p, std::size_t n) {
+  if (!tls_) return ::recv(fd_, p, n, 0);
+  try {
+    const long r = tls_->read(p, n);
+    if (r == -POLLOUT) {  // the session must write first (a key update): then read again
+      wait_io(POLLOUT, deadline());
+      errno = EAGAIN;
+      return -1;
+    }
+    if (r < 0) errno = EAGAIN;
+    return r < 0 ? -1 : r;
+  } catch (const IoError& e) {
+    broken(e.what());
+  }
+}
+
 void StoreClient::send_request() {
   if (fd_ < 0) broken("connection already closed by an earlier error");
   std::size_t off = 0;
   while (off < buf_.size()) {
-    ssize_t n = ::send(fd_, buf_.data() + off, buf_.size() - off, MSG_NOSIGNAL);
+    ssize_t n = io_send(buf_.data() + off, buf_.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       std::string why = std::string("send failed: ") + std::strerror(errno);
@@ -66,6 +121,7 @@ void StoreClient::send_request() {
 }
 
 bool StoreClient::wait_readable(Clock::time_point deadline) {
+  if (tls_ && tls_->pending()) return true;  // decrypted already: poll would not show it
   while (true) {
     pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     int r = ::poll(p, 2, remaining_ms(deadline));
@@ -98,8 +154,8 @@ void StoreClient::read_exact(void* dst, std::size_t n, Clock::time_point deadlin
     }
     const bool direct = n >= kChunk;
     if (!direct) in_.resize(kChunk);
-    ssize_t r = direct ? ::recv(fd_, p, n, 0) : ::recv(fd_, in_.data(), kChunk, 0);
-    if (r < 0 && errno == EINTR) {
+    ssize_t r = direct ? io_recv(p, n) : io_recv(in_.data(), kChunk);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) {
       in_.clear();
       continue;
     }

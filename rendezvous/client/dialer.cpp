@@ -1,7 +1,8 @@
 // StoreClient's dialer: the one way every ddprun client reaches a store. Resolves the host,
 // connects to each address without blocking, retries with exponential backoff and jitter until
 // connect_timeout, gives up at once when the cancel fd is readable, then sends VALIDATE and
-// HELLO; a server that closes at HELLO is not a ddprun store (ProtocolError).
+// HELLO; a server that closes at HELLO is not a ddprun store (ProtocolError). With TLS, the
+// handshake comes first, bounded by the same deadline.
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -141,7 +142,31 @@ void StoreClient::connect() {
     }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
+  if (opts_.tls) start_tls(give_up);
   handshake();
+}
+
+// The TLS handshake over the connected socket, which stays non-blocking from here on (every
+// read and write then polls: client.cpp's io_send/io_recv).
+void StoreClient::start_tls(Clock::time_point give_up) {
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
+  try {
+    tls_ = std::make_unique<TlsSession>(*opts_.tls, fd_, host_, "store " + endpoint_);
+    while (const short events = tls_->handshake()) {
+      pollfd p[2] = {{fd_, events, 0}, {opts_.cancel_fd, POLLIN, 0}};
+      const int r = ::poll(p, 2, remaining_ms(give_up));
+      if (r > 0 && p[1].revents != 0) DDP_THROW(IoError, "connecting interrupted");
+      if (r == 0) DDP_THROW(IoError, "the TLS handshake did not finish in time");
+    }
+  } catch (const IoError& e) {
+    ::close(fd_);
+    fd_ = -1;
+    DDP_THROW(IoError, "store " + endpoint_ + ": " + e.what());
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
 }
 
 // VALIDATE, then HELLO; from version 2 the HELLO reply carries the store's challenge, which

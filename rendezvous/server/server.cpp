@@ -99,6 +99,11 @@ struct StoreServer::Impl {
       shared.policy.own_uid = ::geteuid();
       shared.policy.uids = *opts.loopback_uids;
     }
+    if (opts.tls) {  // Asio's context frees the SSL_CTX it is given: it gets its own reference
+      SSL_CTX_up_ref(opts.tls->get());
+      shared.tls = std::make_unique<asio::ssl::context>(opts.tls->get());
+    }
+    shared.tls_only = opts.tls && opts.tls_only;
     shared.table.set_max_bytes(opts.max_store_bytes);
   }
 
@@ -381,6 +386,9 @@ ServerStats StoreServer::stats() const {
   st.refused_address = refused(Refusal::address);
   st.refused_unauthenticated = refused(Refusal::unauthenticated);
   st.refused_user = refused(Refusal::user);
+  st.refused_plain = refused(Refusal::plain);
+  st.refused_tls = refused(Refusal::tls);
+  st.tls_connections = s.tls_connections.load(relaxed);
   st.auth_failures = refused(Refusal::bad_proof) + refused(Refusal::no_challenge);
   {
     std::lock_guard<std::mutex> g(s.mu);

@@ -7,6 +7,7 @@
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,7 +55,11 @@ struct SharedState {
   std::mutex policy_mu;
   AccessPolicy policy;
   std::atomic<std::uint64_t> auth_ok{0};
-  std::array<std::atomic<std::uint64_t>, 6> refusals{};  // indexed by Refusal
+  std::array<std::atomic<std::uint64_t>, kRefusals> refusals{};  // indexed by Refusal
+  // TLS (ServerOptions::tls; null: none): Asio's context over the server context's SSL_CTX.
+  std::unique_ptr<boost::asio::ssl::context> tls;
+  bool tls_only = false;
+  std::atomic<std::uint64_t> tls_connections{0};
   std::mutex audit_mu;
   LogRateLimit audit_limit{10, std::chrono::seconds(10)};
   // Counts the refusal and logs "refused <peer>: <reason>" within the rate limit.
@@ -87,6 +92,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<std::uint64_t> wakes_issued{0};
 
  private:
+  // With TLS on: the first byte (peeked) says TLS or plain; TLS goes through its handshake,
+  // bounded by the frame timeout, before the first read.
+  void sniff();
+  void start_tls();
   void read();
   void on_read(const boost::system::error_code& ec, std::size_t n);
   // Parses what is buffered, sends the replies, and reads on while the replies are under
@@ -112,6 +121,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close();
 
   boost::asio::ip::tcp::socket socket_;
+  std::unique_ptr<boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>> tls_;
   SharedState& shared_;
   WaiterId id_;
   proto::Decoder decoder_;
@@ -125,7 +135,8 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::steady_timer frame_timer_;
   std::uint64_t frame_gen_ = 0;  // a timer whose generation moved on is stale
   bool frame_armed_ = false;
-  bool validated_ = false;  // a VALIDATE was seen (a second one is refused)
+  bool validated_ = false;
+  bool plain_refused_ = false;  // plain, off the host, to a TLS-only store  // a VALIDATE was seen (a second one is refused)
   Woken woken_;
   std::uint64_t wakes_delivered_ = 0;
   bool wait_pending_ = false;

@@ -13,6 +13,10 @@ using proto::Op;
 // (answered here). True when the request goes on to dispatch.
 bool Session::gate(const proto::Request& req) {
   Refusal why = Refusal::none;
+  if (plain_refused_ && req.op != Op::validate && req.op != Op::hello) {
+    refuse(Refusal::plain);
+    return false;
+  }
   if (!gate_.allows(req.op, why)) {
     refuse(why);
     return false;
@@ -36,7 +40,10 @@ void Session::refuse(Refusal why) {
   if (status_prefix_) {
     proto::Writer(out_)
         .u8(proto::kReplyError)
-        .bytes(why == Refusal::unauthenticated
+        .bytes(why == Refusal::plain
+                   ? "this store takes only TLS from other hosts (DDPRUN_STORE_TLS_ONLY=1): set "
+                     "DDPRUN_STORE_TLS_CERT, DDPRUN_STORE_TLS_KEY and DDPRUN_STORE_TLS_CA"
+               : why == Refusal::unauthenticated
                    ? "authentication required: this store admits only the job's processes; give "
                      "ddprun's tools the job's secret (DDPRUN_STORE_SECRET or "
                      "DDPRUN_STORE_SECRET_FILE)"

@@ -22,6 +22,7 @@
 #include "ddp/rdzv/fd_limit.hpp"
 #include "ddp/rdzv/log.hpp"
 #include "ddp/rdzv/server.hpp"
+#include "ddp/rdzv/store_tls.hpp"
 #include "ddp/status/http_auth.hpp"
 #include "ddp/status/http_server.hpp"
 #include "ddp/status/views.hpp"
@@ -162,6 +163,11 @@ int main(int argc, char** argv) {
   auto& log = ddp::logger("rdzv");
   try {
     if (auto secret = ddp::proto::auth::secret_for(secret_file)) opts.secret = std::move(*secret);
+    // DDPRUN_STORE_TLS_* (store_tls.hpp): TLS and plain on the one port.
+    if (const ddp::rdzv::StoreTls tls = ddp::rdzv::store_tls(); tls.files.on) {
+      opts.tls = std::make_shared<const ddp::rdzv::TlsContext>(tls.files, ddp::rdzv::TlsRole::server);
+      opts.tls_only = tls.only;
+    }
     if (!allow_unauthenticated.empty()) {
       if (opts.secret.empty()) {
         throw ddp::ConfigError(
@@ -179,7 +185,7 @@ int main(int argc, char** argv) {
     ddp::rdzv::IpAddr bound;
     const bool loopback_only =
         opts.host == "localhost" || (ddp::rdzv::parse_ip(opts.host, bound) && bound.is_loopback());
-    if (opts.secret.empty() && !loopback_only) {
+    if (opts.secret.empty() && !opts.tls_only && !loopback_only) {
       log.warn(
           "no store secret: anyone who reaches {}:{} can read, write and end the jobs in "
           "this store; set DDPRUN_STORE_SECRET_FILE (docs/security.md)",
@@ -193,7 +199,8 @@ int main(int argc, char** argv) {
                 << opts.data_dir << " (" << r.records << " records)" << std::endl;
     }
     std::cout << "ddprund listening on " << opts.host << ":" << server.port()
-              << (opts.secret.empty() ? "" : " (clients must authenticate)") << std::endl;
+              << (opts.secret.empty() ? "" : " (clients must authenticate)")
+              << (!opts.tls ? "" : opts.tls_only ? " (TLS only)" : " (TLS and plain)") << std::endl;
     // The views read the store through a client of their own, on the HTTP thread; short
     // timeouts, since every HTTP connection waits while a request is answered.
     ddp::status::ViewSources sources;

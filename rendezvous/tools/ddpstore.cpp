@@ -9,6 +9,7 @@
 #include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/store_tls.hpp"
 
 int main(int argc, char** argv) {
   std::string endpoint;
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
     o.extensions = !torch;
     // The job's secret: a file or the environment (never the value as a flag: ps would show it).
     if (auto secret = ddp::proto::auth::secret_for(secret_file)) o.secret = std::move(*secret);
+    o.tls = ddp::rdzv::store_client_tls();  // DDPRUN_STORE_TLS_*
     ddp::rdzv::StoreClient c(ep, o);
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());

@@ -28,7 +28,8 @@ MAX_FILES = 16  # "about 15"
 DEPS = {
     "proto": [],
     "kernels": ["proto"],
-    "rendezvous/client": ["proto"],
+    "rendezvous/tls": ["proto"],
+    "rendezvous/client": ["proto", "rendezvous/tls"],
     "rendezvous/access": ["proto"],
     "rendezvous/state": ["rendezvous/client"],
     "rendezvous/server": ["rendezvous/state", "rendezvous/client", "rendezvous/access"],

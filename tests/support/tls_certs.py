@@ -59,3 +59,13 @@ def make_pki(d):
     for key in p.values():
         os.chmod(key, 0o600)
     return p
+
+
+def node_cert(d, name, san, ca="ca"):
+    """A node's certificate for the store's mutual TLS (server and client use), signed by `ca`
+    of a make_pki folder, naming `san` ("IP:127.0.0.1,IP:10.9.9.1"); returns (cert, key)."""
+    _signed(d, name, f"ddp test {name}",
+            f"subjectAltName = {san}\nextendedKeyUsage = serverAuth, clientAuth\n", ca=ca)
+    key = os.path.join(d, f"{name}.key")
+    os.chmod(key, 0o600)
+    return os.path.join(d, f"{name}.pem"), key

@@ -10,6 +10,7 @@
 #include "ddp/proto/auth.hpp"
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/client.hpp"
+#include "ddp/rdzv/store_tls.hpp"
 #include "ddp/rdzv/server.hpp"
 #include "ddp/worker/comm.hpp"
 #include "ddp/worker/env.hpp"
@@ -41,6 +42,7 @@ WorkerStore::WorkerStore(const WorkerEnv& env) {
     // torch store, which closes the connection at HELLO, is used plainly.
     rdzv::ClientOptions co;
     co.extensions = false;
+    co.tls = rdzv::store_client_tls();  // DDPRUN_STORE_TLS_*: the store's TLS (null: plain)
     if (auto secret = proto::auth::job_secret()) {
       co.extensions = true;
       co.secret = std::move(*secret);

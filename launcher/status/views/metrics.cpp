@@ -389,12 +389,17 @@ void render_store(std::string& out, const rdzv::ServerStats& s) {
              "Connections refused by access (docs/security.md), by reason: address (outside the "
              "trusted networks of a closed store), unauthenticated (a request before "
              "authenticating), auth_failed (a wrong proof), user (another user's socket on "
-             "loopback).");
+             "loopback), plain (a plain connection from off the host to a TLS-only store), tls (a "
+             "failed TLS handshake: no or an untrusted client certificate).");
     f.sample("", s.refused_address, "reason", "address");
     f.sample("", s.refused_unauthenticated, "reason", "unauthenticated");
     f.sample("", s.refused_user, "reason", "user");
     f.sample("", s.auth_failures, "reason", "auth_failed");
+    f.sample("", s.refused_plain, "reason", "plain");
+    f.sample("", s.refused_tls, "reason", "tls");
   }
+  one("ddprun_store_tls_connections_total", "counter",
+      "Connections served over TLS (docs/security.md, \"TLS on the store\").", s.tls_connections);
 }
 
 // The length of the valid UTF-8 sequence at s[i], or 0 if it is not one.

@@ -32,7 +32,7 @@ void check_etcd_conf(const LaunchConfig& c);
 // https, http with https:// members, a key and its alias both, a TLS file with TLS off, a
 // certificate without its key or the reverse. The files themselves are checked when the client
 // starts (rdzv/etcd/tls.hpp).
-rdzv::etcd::TlsOptions etcd_tls(const LaunchConfig& c, const knobs::Env* env = nullptr);
+rdzv::TlsOptions etcd_tls(const LaunchConfig& c, const knobs::Env* env = nullptr);
 
 struct EtcdSettings {
   rdzv::etcd::EtcdOptions options;  // members, timeouts, auth

@@ -28,9 +28,13 @@ inline StoreClients store_clients(std::chrono::milliseconds read_timeout,
                                   std::chrono::milliseconds join_timeout,
                                   std::chrono::milliseconds lease_ttl,
                                   std::chrono::milliseconds outage_grace,
-                                  const std::string& secret = {}) {
+                                  const std::string& secret = {},
+                                  std::shared_ptr<const rdzv::TlsContext> tls = nullptr) {
   StoreClients c;
-  for (auto* o : {&c.rendezvous, &c.liveness, &c.watcher, &c.status}) o->secret = secret;
+  for (auto* o : {&c.rendezvous, &c.liveness, &c.watcher, &c.status}) {
+    o->secret = secret;
+    o->tls = tls;
+  }
   c.rendezvous.timeout = read_timeout;
   c.rendezvous.connect_timeout = join_timeout;
   c.liveness.timeout = std::max({lease_ttl, outage_grace, std::chrono::milliseconds(1000)});

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "ddp/proto/opcodes.hpp"
 #include "ddp/rdzv/endpoint.hpp"
 #include "ddp/rdzv/store.hpp"
+#include "ddp/rdzv/tls.hpp"
 
 namespace ddp::rdzv {
 
@@ -31,6 +33,10 @@ struct ClientOptions {
   // store's challenge with it right after HELLO (AUTH), and checks the store's own proof: a
   // store that does not hold the secret is refused. A store without a secret asks for none.
   std::string secret;
+  // TLS (store_tls.hpp: store_client_tls() from DDPRUN_STORE_TLS_*; null: plain). The store's
+  // certificate must be signed by the context's CA and name the host dialed; this client shows
+  // its own. A store reached over TLS asks for no secret: the certificates authenticate both.
+  std::shared_ptr<const TlsContext> tls;
 };
 
 class StoreClient : public Store {
@@ -84,7 +90,13 @@ class StoreClient : public Store {
 
  private:
   void connect();
+  void start_tls(std::chrono::steady_clock::time_point give_up);
   void handshake();
+  // The socket's bytes, through TLS when on: > 0 bytes moved; 0 from recv: the peer closed;
+  // -1: errno says why (EAGAIN from recv: nothing yet, wait for POLLIN again).
+  long io_send(const char* p, std::size_t n);
+  long io_recv(char* p, std::size_t n);
+  void wait_io(short events, std::chrono::steady_clock::time_point deadline);
   void finish_auth();
   bool lease_op(proto::Op op, std::uint64_t lease);
   void send_request();
@@ -107,6 +119,7 @@ class StoreClient : public Store {
   ClientOptions opts_;
   int fd_ = -1;
   int wake_fd_ = -1;  // eventfd, written by interrupt()
+  std::unique_ptr<TlsSession> tls_;  // over fd_ (non-blocking then) when opts_.tls
   std::string buf_;
   std::string in_;  // read ahead of the current reply: [in_pos_, size) is unread
   std::size_t in_pos_ = 0;

@@ -15,6 +15,7 @@
 #include "ddp/proto/opcodes.hpp"
 #include "ddp/rdzv/access.hpp"
 #include "ddp/rdzv/journal.hpp"
+#include "ddp/rdzv/tls.hpp"
 
 namespace ddp::rdzv {
 
@@ -50,6 +51,11 @@ struct ServerOptions {
   // Set: a peer on loopback is admitted only when its socket belongs to this process's user,
   // root or one of these uids (peer_uid.hpp; docs/security.md). Unset: any local user.
   std::optional<std::vector<std::uint32_t>> loopback_uids;
+  // TLS (store_tls.hpp; null: plain only): a server context. A connection whose first byte is a
+  // TLS handshake record is served over TLS and, its certificate checked, needs no secret;
+  // others are plain, judged as above. `tls_only`: plain ones are refused unless on loopback.
+  std::shared_ptr<const TlsContext> tls;
+  bool tls_only = false;
   // ddprund --data-dir (journal.hpp): the state survives a restart. Empty: memory only.
   std::string data_dir;
   std::chrono::milliseconds fsync_interval{1000};  // 0: fdatasync before every reply
@@ -122,6 +128,9 @@ struct ServerStats {
   std::uint64_t refused_address = 0;          // a closed store, a peer outside its networks
   std::uint64_t refused_unauthenticated = 0;  // a request before authenticating
   std::uint64_t refused_user = 0;             // another user's socket on loopback
+  std::uint64_t refused_plain = 0;            // plain, off the host, to a TLS-only store
+  std::uint64_t refused_tls = 0;              // a failed TLS handshake
+  std::uint64_t tls_connections = 0;          // served over TLS, since start
   std::uint64_t auth_failures = 0;            // a wrong proof, or AUTH without a challenge
   // --data-dir: the journal's size now, compactions since start, and whether writing it failed.
   bool journal = false;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ddp/rdzv/endpoint.hpp"
-#include "ddp/rdzv/etcd/tls.hpp"
+#include "ddp/rdzv/tls.hpp"
 
 namespace ddp::rdzv::etcd {
 

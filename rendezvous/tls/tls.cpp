@@ -1,6 +1,6 @@
-// TLS for the etcd client (tls.hpp): the context's files checked up front, and sessions whose
-// failures are named.
-#include "ddp/rdzv/etcd/tls.hpp"
+// TLS contexts and client sessions (tls.hpp): the context's files checked up front, sessions
+// whose failures are named, a client's last session kept for resumption.
+#include "ddp/rdzv/tls.hpp"
 
 #include <arpa/inet.h>
 #include <openssl/err.h>
@@ -16,7 +16,7 @@
 
 #include "ddp/proto/error.hpp"
 
-namespace ddp::rdzv::etcd {
+namespace ddp::rdzv {
 
 namespace {
 
@@ -78,56 +78,102 @@ bool is_ip_address(const std::string& host) {
          ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
+// The client's new-session callback: the context keeps the session (its reference) for the
+// next connection.
+int kept(SSL* ssl, SSL_SESSION* session) {
+  auto* self = static_cast<const TlsContext*>(SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl)));
+  self->keep_session(session);
+  return 1;
+}
+
+void load_ca(SSL_CTX* ctx, const TlsFile& ca) {
+  check_readable(ca);
+  if (SSL_CTX_load_verify_locations(ctx, ca.path.c_str(), nullptr) != 1) {
+    throw ConfigError(named(ca) + ": no PEM certificate in it (" + reason_of(first_error()) + ")");
+  }
+}
+
+void load_own(SSL_CTX* ctx, const TlsFile& cert, const TlsFile& key) {
+  check_readable(cert);
+  check_readable(key);
+  check_dates(cert);
+  if (SSL_CTX_use_certificate_chain_file(ctx, cert.path.c_str()) != 1) {
+    throw ConfigError(named(cert) + ": not a PEM certificate (" + reason_of(first_error()) + ")");
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx, key.path.c_str(), SSL_FILETYPE_PEM) != 1) {
+    const unsigned long code = first_error();
+    if (ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH) {
+      throw ConfigError(named(key) + " is not the key of " + named(cert));
+    }
+    throw ConfigError(named(key) + ": not a PEM private key (" + reason_of(code) + ")");
+  }
+  if (SSL_CTX_check_private_key(ctx) != 1) {
+    ERR_clear_error();
+    throw ConfigError(named(key) + " is not the key of " + named(cert));
+  }
+}
+
 }  // namespace
 
-TlsContext::TlsContext(const TlsOptions& options) : o_(options) {
+TlsContext::TlsContext(const TlsOptions& options, TlsRole role) : o_(options) {
+  const bool server = role == TlsRole::server;
   if (o_.cert.path.empty() != o_.key.path.empty()) {
     const TlsFile& given = o_.cert.path.empty() ? o_.key : o_.cert;
-    throw ConfigError(named(given) + ": a client certificate and its key go together; the " +
+    throw ConfigError(named(given) + ": a certificate and its key go together; the " +
                       (o_.cert.path.empty() ? "certificate" : "key") + " is missing");
   }
-  ctx_ = SSL_CTX_new(TLS_client_method());
+  if (server && (o_.cert.path.empty() || o_.cacert.path.empty())) {
+    throw ConfigError(std::string("a TLS store needs its certificate and key and the CA of its ") +
+                      "clients; missing: " + (o_.cert.path.empty() ? "the certificate" : "the CA"));
+  }
+  ctx_ = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
   if (ctx_ == nullptr) throw ConfigError("TLS: " + reason_of(first_error()));
   try {
     SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
-    SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
     SSL_CTX_set_mode(ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE);
-    if (o_.cacert.path.empty()) {
-      SSL_CTX_set_default_verify_paths(ctx_);
+    SSL_CTX_set_app_data(ctx_, const_cast<TlsContext*>(this));
+    if (server) {
+      // Mutual TLS: a client without a certificate signed by the CA is refused.
+      SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+      static const unsigned char kId[] = "ddprun-store";
+      SSL_CTX_set_session_id_context(ctx_, kId, sizeof(kId) - 1);
+      load_ca(ctx_, o_.cacert);
+      if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(o_.cacert.path.c_str())) {
+        SSL_CTX_set_client_CA_list(ctx_, names);
+      }
     } else {
-      check_readable(o_.cacert);
-      if (SSL_CTX_load_verify_locations(ctx_, o_.cacert.path.c_str(), nullptr) != 1) {
-        throw ConfigError(named(o_.cacert) + ": no PEM certificate in it (" +
-                          reason_of(first_error()) + ")");
+      SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
+      SSL_CTX_set_session_cache_mode(ctx_, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+      SSL_CTX_sess_set_new_cb(ctx_, kept);
+      if (o_.cacert.path.empty()) {
+        SSL_CTX_set_default_verify_paths(ctx_);
+      } else {
+        load_ca(ctx_, o_.cacert);
       }
     }
-    if (!o_.cert.path.empty()) {
-      check_readable(o_.cert);
-      check_readable(o_.key);
-      check_dates(o_.cert);
-      if (SSL_CTX_use_certificate_chain_file(ctx_, o_.cert.path.c_str()) != 1) {
-        throw ConfigError(named(o_.cert) + ": not a PEM certificate (" + reason_of(first_error()) +
-                          ")");
-      }
-      if (SSL_CTX_use_PrivateKey_file(ctx_, o_.key.path.c_str(), SSL_FILETYPE_PEM) != 1) {
-        const unsigned long code = first_error();
-        if (ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH) {
-          throw ConfigError(named(o_.key) + " is not the key of " + named(o_.cert));
-        }
-        throw ConfigError(named(o_.key) + ": not a PEM private key (" + reason_of(code) + ")");
-      }
-      if (SSL_CTX_check_private_key(ctx_) != 1) {
-        ERR_clear_error();
-        throw ConfigError(named(o_.key) + " is not the key of " + named(o_.cert));
-      }
-    }
+    if (!o_.cert.path.empty()) load_own(ctx_, o_.cert, o_.key);
   } catch (...) {
     SSL_CTX_free(ctx_);
     throw;
   }
 }
 
-TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }
+SSL_SESSION* TlsContext::take_session() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (last_ != nullptr) SSL_SESSION_up_ref(last_);
+  return last_;
+}
+
+void TlsContext::keep_session(SSL_SESSION* s) const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (last_ != nullptr) SSL_SESSION_free(last_);
+  last_ = s;
+}
+
+TlsContext::~TlsContext() {
+  if (last_ != nullptr) SSL_SESSION_free(last_);
+  SSL_CTX_free(ctx_);
+}
 
 TlsSession::TlsSession(const TlsContext& ctx, int fd, const std::string& host, std::string where)
     : ctx_(ctx), where_(std::move(where)) {
@@ -137,6 +183,10 @@ TlsSession::TlsSession(const TlsContext& ctx, int fd, const std::string& host, s
     throw IoError(where_ + ": TLS: " + reason_of(first_error()));
   }
   SSL_set_connect_state(ssl_);
+  if (SSL_SESSION* last = ctx.take_session()) {
+    SSL_set_session(ssl_, last);
+    SSL_SESSION_free(last);
+  }
   if (is_ip_address(host)) {  // an IP address must be among the certificate's IP SANs
     X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl_), host.c_str());
   } else {  // a name: SNI, and among its DNS SANs
@@ -167,6 +217,8 @@ long TlsSession::read(void* data, std::size_t n) {
 
 bool TlsSession::pending() const { return SSL_pending(ssl_) > 0; }
 
+bool TlsSession::resumed() const { return SSL_session_reused(ssl_) == 1; }
+
 // What a failed SSL_* call means: wait (< 0), closed (0), or a named error.
 long TlsSession::step(int rc, const char* doing) {
   const int e = SSL_get_error(ssl_, rc);
@@ -178,7 +230,7 @@ long TlsSession::step(int rc, const char* doing) {
   // Closed during the handshake before the server sent a byte: it took the hello for garbage.
   const std::string silent =
       std::string_view(doing) == "handshake" && BIO_number_read(SSL_get_rbio(ssl_)) == 0
-          ? " (no TLS answer: a plain http:// member?)"
+          ? " (no TLS answer: a plain peer?)"
           : "";
   if (e == SSL_ERROR_SYSCALL) {
     if (code == 0 && saved_errno == 0 && silent.empty()) return 0;  // EOF without close_notify
@@ -202,14 +254,12 @@ long TlsSession::step(int rc, const char* doing) {
   const int reason = ERR_GET_REASON(code);
   if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG ||
       reason == SSL_R_HTTP_REQUEST) {
-    throw ConfigError(where_ + " does not speak TLS (a plain http:// member?): " + reason_of(code));
+    throw ConfigError(where_ + " does not speak TLS (a plain peer?): " + reason_of(code));
   }
   if (reason >= SSL_AD_REASON_OFFSET) {  // an alert the server sent: it refused this client
     std::string hint;
-    if (ctx_.options().cert.path.empty()) {
-      hint =
-          "; it may ask for a client certificate: give cert= and key= in --rdzv-conf (or "
-          "ETCDCTL_CERT and ETCDCTL_KEY)";
+    if (ctx_.options().cert.path.empty() && !ctx_.options().cert_hint.empty()) {
+      hint = "; it may ask for a client certificate: " + ctx_.options().cert_hint;
     }
     throw ConfigError(where_ + " refused this client's TLS " + doing + ": " + reason_of(code) +
                       hint);
@@ -217,4 +267,4 @@ long TlsSession::step(int rc, const char* doing) {
   throw IoError(where_ + ": TLS " + doing + ": " + reason_of(code) + silent);
 }
 
-}  // namespace ddp::rdzv::etcd
+}  // namespace ddp::rdzv
