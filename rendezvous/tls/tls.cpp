@@ -78,10 +78,18 @@ bool is_ip_address(const std::string& host) {
          ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
+// Where an SSL_CTX points back to its TlsContext: an ex_data slot of our own (Asio's context,
+// which wraps a server's SSL_CTX, owns the app_data slot and deletes what it holds).
+int self_index() {
+  static const int index = SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  return index;
+}
+
 // The client's new-session callback: the context keeps the session (its reference) for the
 // next connection.
 int kept(SSL* ssl, SSL_SESSION* session) {
-  auto* self = static_cast<const TlsContext*>(SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl)));
+  auto* self =
+      static_cast<const TlsContext*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), self_index()));
   self->keep_session(session);
   return 1;
 }
@@ -131,7 +139,7 @@ TlsContext::TlsContext(const TlsOptions& options, TlsRole role) : o_(options) {
   try {
     SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
     SSL_CTX_set_mode(ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE);
-    SSL_CTX_set_app_data(ctx_, const_cast<TlsContext*>(this));
+    SSL_CTX_set_ex_data(ctx_, self_index(), this);
     if (server) {
       // Mutual TLS: a client without a certificate signed by the CA is refused.
       SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);

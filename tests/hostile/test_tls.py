@@ -204,3 +204,57 @@ def test_no_key_or_value_in_clear_and_tls_only_refuses_plain_off_host(pki, tmp_p
     off = res["plain_off_host"]
     assert off["rc"] != 0 and "DDPRUN_STORE_TLS_ONLY" in off["err"], res
     assert "plain connection to a TLS-only store" in res["log"], res["log"]
+
+
+WORKER = r"""
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    open(os.environ["OUT"], "w").write(str(int(t.item())))
+dist.destroy_process_group()
+"""
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agents(pki, tmp_path, envs):
+    port, script = free_port(), tmp_path / "worker.py"
+    script.write_text(WORKER)
+    procs = [subprocess.Popen(
+        [os.path.join(BIN, "ddprun"), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+         f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=join_timeout=30",
+         "--rdzv-id=tls", sys.executable, str(script)],
+        env=dict(e, OUT=str(tmp_path / "out")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=rlimits(fsize=16 * MIB)) for e in envs]
+    outs = []
+    for p in procs:
+        try:
+            outs.append((p.wait(timeout=120), p.stdout.read()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append((None, p.communicate()[0]))
+    return outs
+
+
+def test_a_job_runs_with_tls_between_agents_and_torch_workers_plain(pki, tmp_path):
+    env = tls_env(pki, DDPRUN_STORE_TLS_ONLY="1")
+    outs = agents(pki, tmp_path, [env, env])
+    assert all(rc == 0 for rc, _ in outs), outs
+    assert (tmp_path / "out").read_text() == "3"  # 1 + 2, over Gloo, via the store
+
+
+def test_an_agent_that_does_not_trust_the_store_fails_naming_it(pki, tmp_path):
+    bad = tls_env(pki, DDPRUN_STORE_TLS_CA=pki["other_ca"])
+    outs = agents(pki, tmp_path, [tls_env(pki), bad])
+    rc, out = outs[1]
+    if "its certificate is not trusted" not in out:  # the bad agent hosted; the good one names it
+        rc, out = outs[0]
+    assert rc != 0 and ("its certificate is not trusted" in out or "refused this client's TLS" in
+                        out), outs
