@@ -1,7 +1,10 @@
-"""store_auth_bench: what the store secret costs (issue 22), side by side in one run. The same
-ddprund binary is started without a secret and with one (a mode-600 file), alternating, and
-driven by ddprun's own client (bench/auth_load.cpp: with the secret every client authenticates
-with HMAC-SHA256 challenge-response; without, none does, and the bytes are otherwise the same):
+"""store_auth_bench: what the store secret costs (issue 22), or TLS (issue 35, --compare tls),
+side by side in one run. The same ddprund binary is started without a secret and with one (a
+mode-600 file), or plain and with DDPRUN_STORE_TLS_* (certificates made here by openssl,
+tests/support/tls_certs.py), alternating, and driven by ddprun's own client
+(bench/auth_load.cpp: with the secret every client authenticates with HMAC-SHA256
+challenge-response; with TLS every connection does a TLS handshake, resuming the session its
+process's first connection got; otherwise the bytes are the same):
   - the storm: 4096 clients connect at once, each ADD then WAIT (init_process_group's barrier);
   - throughput: 64 connections doing GET/SET for --seconds, connections opened in the window.
 torch's clients cannot authenticate, so store_loadgen's raw torch traffic has no part in this.
@@ -11,23 +14,26 @@ steadier figure.
 
 Reproduce (after ./scripts/test.sh, or ninja -C build ddprund auth_load):
   scripts/loopback_only.sh python3 bench/store_auth_bench.py --ddprund build/bin/ddprund \
-      --load build/bin/auth_load --reps 5 --out bench/results/store_auth_bench.json"""
+      --load build/bin/auth_load --reps 5 --out bench/results/store_auth_bench.json
+  scripts/loopback_only.sh python3 bench/store_auth_bench.py --compare tls --reps 5 \
+      --out bench/results/store_tls_bench.json"""
 import argparse
 import json
 import os
 import statistics
+import sys
 import subprocess
 import tempfile
 import time
 
 
-def start(ddprund, secret_file):
+def start(ddprund, secret_file, env):
     d = tempfile.mkdtemp(prefix="auth-bench-")
     pf = os.path.join(d, "port")
     args = [ddprund, "--port", "0", "--port-file", pf, "--http-port", "-1"]
     if secret_file:
         args += ["--secret-file", secret_file]
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(1000):
         if os.path.exists(pf):
             return p, int(open(pf).read())
@@ -42,10 +48,11 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(args, secret_file, mode):
-    proc, port = start(args.ddprund, secret_file)
+def measure(args, secret_file, tls, mode):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPRUN_STORE_")}
+    env.update(tls or {})
+    proc, port = start(args.ddprund, secret_file, env)
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DDPRUN_STORE_SECRET")}
         if secret_file:
             env["DDPRUN_STORE_SECRET_FILE"] = secret_file
         cmd = [args.load, "--port", str(port), "--mode", mode]
@@ -73,7 +80,17 @@ def main():
     ap.add_argument("--conns", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=3)
     ap.add_argument("--out", default="bench/results/store_auth_bench.json")
+    ap.add_argument("--compare", choices=("secret", "tls"), default="secret")
     args = ap.parse_args()
+    tls_env = None
+    if args.compare == "tls":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+        from support.tls_certs import make_pki, node_cert
+        pki_dir = tempfile.mkdtemp(prefix="tls-bench-pki-")
+        make_pki(pki_dir)
+        cert, key = node_cert(pki_dir, "node", "IP:127.0.0.1")
+        tls_env = {"DDPRUN_STORE_TLS_CERT": cert, "DDPRUN_STORE_TLS_KEY": key,
+                   "DDPRUN_STORE_TLS_CA": os.path.join(pki_dir, "ca.pem")}
     d = tempfile.mkdtemp(prefix="auth-bench-secret-")
     secret_file = os.path.join(d, "secret")
     fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -87,10 +104,13 @@ def main():
             # Alternate which goes first, so that drift does not favour one side.
             order = (False, True) if rep % 2 == 0 else (True, False)
             for with_secret in order:
-                v, c = measure(args, secret_file if with_secret else None, mode)
+                on = with_secret  # the variant: a secret, or TLS
+                v, c = measure(args, secret_file if on and args.compare == "secret" else None,
+                               tls_env if on else None, mode)
                 runs[(mode, with_secret)].append(v)
                 cpu[(mode, with_secret)].append(c)
-                print(f"rep {rep} {mode} secret={with_secret}: {v:.4f} (ddprund CPU {c:.2f} s)",
+                print(f"rep {rep} {mode} {args.compare}={with_secret}: {v:.4f} "
+                      f"(ddprund CPU {c:.2f} s)",
                       flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
@@ -98,6 +118,7 @@ def main():
     storm_cost = med[("storm", True)] / med[("storm", False)] - 1
     tp_cost = 1 - med[("throughput", True)] / med[("throughput", False)]
     result = {
+        "compare": args.compare,
         "clients": args.clients, "threads": args.threads, "conns": args.conns,
         "seconds": args.seconds, "reps": args.reps,
         "runs": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in runs.items()},
@@ -110,7 +131,8 @@ def main():
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"\n| workload | without a secret | with a secret | cost |")
+    label = ("without a secret", "with a secret") if args.compare == "secret" else ("plain", "TLS")
+    print(f"\n| workload | {label[0]} | {label[1]} | cost |")
     print("|---|---:|---:|---:|")
     print(f"| storm, {args.clients} clients: seconds | {med[('storm', False)]:.3f} | "
           f"{med[('storm', True)]:.3f} | {100 * storm_cost:+.1f}% |")

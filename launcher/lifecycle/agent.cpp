@@ -286,10 +286,11 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
   if (rs.server && !is_static) {
     // `ddprun status` needs the store's address; a --standalone job's port is chosen here.
     std::fprintf(stderr,
-                 "ddprun: rendezvous store on %s (run id %s); follow the job with: ddprun status "
-                 "--rdzv-endpoint %s --run-id %s\n",
-                 ro.where.c_str(), config.rdzv_id.c_str(), ro.where.c_str(),
-                 config.rdzv_id.c_str());
+                 "ddprun: rendezvous store on %s (run id %s%s); follow the job with: ddprun "
+                 "status --rdzv-endpoint %s --run-id %s\n",
+                 ro.where.c_str(), config.rdzv_id.c_str(),
+                 !access.tls ? "" : access.tls_only ? ", TLS only" : ", TLS and plain",
+                 ro.where.c_str(), config.rdzv_id.c_str());
   }
   Rendezvous rdzv(store, ro);
   republisher = &rdzv;

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import ROOT, by_program, wait_gone, worker_pids
+from support.tls_certs import make_pki, node_cert
 
 SLURM_DIR = os.path.join(ROOT, "slurm")
 TOY = os.path.join(SLURM_DIR, "examples/ddp_toy.py")
@@ -54,13 +55,25 @@ def test_ddp_train_scripts(cluster, tmp_path, script, opts, env, world):
         assert f"--nproc-per-node={world // (2 if multi else 1)}" in notices[0][1], log
 
 
-@pytest.mark.parametrize("script,opts", [
-    ("torch-script-multinode.sbatch", GPU_NODE),
-    ("torch-script-multinode-cpu.sbatch", []),
+@pytest.mark.parametrize("script,opts,tls", [
+    ("torch-script-multinode.sbatch", GPU_NODE, False),
+    ("torch-script-multinode-cpu.sbatch", [], False),
+    # One variable turns TLS on (docs/security.md, "TLS on the store"): the agents' stores
+    # then take TLS from ddprun's clients, and the unmodified torch workers stay plain.
+    ("torch-script-multinode-cpu.sbatch", [], True),
 ])
-def test_torch_script_runs_unchanged(cluster, script, opts):
-    jid = cluster.sbatch(os.path.join(SLURM_DIR, script), TOY, "--steps", "5", sbatch_opts=opts)
+def test_torch_script_runs_unchanged(cluster, tmp_path, script, opts, tls):
+    env = {}
+    if tls:
+        d = str(tmp_path / "tls")
+        make_pki(d)
+        cert, key = node_cert(d, "node", "DNS:dn1,DNS:dn2,IP:127.0.0.1")
+        env["DDPRUN_TLS_DIR"] = d
+    jid = cluster.sbatch(os.path.join(SLURM_DIR, script), TOY, "--steps", "5", sbatch_opts=opts,
+                         env=env)
     state, code, log = cluster.wait(jid)
+    if tls:
+        assert "TLS and plain" in log, log
     assert (state, code) == ("COMPLETED", "0:0"), log
     lines = re.findall(r"ddp_toy: rank (\d+)/(\d+) local_rank (\d+) node (\S+)", log)
     # torch 2.15's gloo can abort one rank at teardown ("terminate called without an active
