@@ -83,6 +83,8 @@ class StoreClient : public Store {
   bool lease_will(std::uint64_t lease, std::string_view key, std::string_view value);
 
   const std::string& endpoint() const { return endpoint_; }
+  // Over TLS, and the handshake resumed an earlier session of the same context.
+  bool tls_resumed() const { return tls_ && tls_->resumed(); }
 
   // Safe from any thread: the request in progress (a long WAIT, typically) and every later
   // reply fail with ddp::IoError "... interrupted". Used to stop a watcher thread.
