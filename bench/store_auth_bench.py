@@ -121,12 +121,12 @@ def main():
         "compare": args.compare,
         "clients": args.clients, "threads": args.threads, "conns": args.conns,
         "seconds": args.seconds, "reps": args.reps,
-        "runs": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in runs.items()},
-        "median": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in med.items()},
+        "runs": {f"{m}_{args.compare if s else 'none'}": v for (m, s), v in runs.items()},
+        "median": {f"{m}_{args.compare if s else 'none'}": v for (m, s), v in med.items()},
         "storm_cost": storm_cost, "throughput_cost": tp_cost,
-        "ddprund_cpu_s": {f"{m}_{'secret' if s else 'none'}": v for (m, s), v in cpu.items()},
+        "ddprund_cpu_s": {f"{m}_{args.compare if s else 'none'}": v for (m, s), v in cpu.items()},
         "storm_ddprund_cpu_us_per_client": {"none": storm_cpu_us[False],
-                                            "secret": storm_cpu_us[True]},
+                                            args.compare: storm_cpu_us[True]},
     }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
