@@ -69,8 +69,7 @@ rdzv::TlsOptions etcd_tls(const LaunchConfig& c, const knobs::Env* env) {
   }
   t.on = https;
   // Each file: torchrun's key, etcd-v2's alias (not both), else etcdctl's variable.
-  const auto file = [&](rdzv::TlsFile& f, const char* key, const char* alias,
-                        const char* var) {
+  const auto file = [&](rdzv::TlsFile& f, const char* key, const char* alias, const char* var) {
     const std::string* a = conf(c, key);
     const std::string* b = conf(c, alias);
     if (a && b) {

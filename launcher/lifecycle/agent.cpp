@@ -289,7 +289,9 @@ int run_agent(const LaunchConfig& config, const EnvMap& agent_env, const AgentPr
                  "ddprun: rendezvous store on %s (run id %s%s); follow the job with: ddprun "
                  "status --rdzv-endpoint %s --run-id %s\n",
                  ro.where.c_str(), config.rdzv_id.c_str(),
-                 !access.tls ? "" : access.tls_only ? ", TLS only" : ", TLS and plain",
+                 !access.tls       ? ""
+                 : access.tls_only ? ", TLS only"
+                                   : ", TLS and plain",
                  ro.where.c_str(), config.rdzv_id.c_str());
   }
   Rendezvous rdzv(store, ro);

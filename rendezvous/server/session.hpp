@@ -136,7 +136,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::uint64_t frame_gen_ = 0;  // a timer whose generation moved on is stale
   bool frame_armed_ = false;
   bool validated_ = false;
-  bool plain_refused_ = false;  // plain, off the host, to a TLS-only store  // a VALIDATE was seen (a second one is refused)
+  bool plain_refused_ = false;  // plain, off the host, to a TLS-only store  // a VALIDATE was seen
+                                // (a second one is refused)
   Woken woken_;
   std::uint64_t wakes_delivered_ = 0;
   bool wait_pending_ = false;

@@ -24,14 +24,17 @@ StoreTls store_tls(const knobs::Env* env) {
     if (v) *k.file = TlsFile{*v, k.name};
   }
   if (!set.empty() && !unset.empty()) {
-    throw ConfigError("TLS on the store needs DDPRUN_STORE_TLS_CERT, DDPRUN_STORE_TLS_KEY and "
-                      "DDPRUN_STORE_TLS_CA together; " + set + " set, " + unset + " not");
+    throw ConfigError(
+        "TLS on the store needs DDPRUN_STORE_TLS_CERT, DDPRUN_STORE_TLS_KEY and "
+        "DDPRUN_STORE_TLS_CA together; " +
+        set + " set, " + unset + " not");
   }
   t.files.on = unset.empty();
   t.only = knobs::flag01("DDPRUN_STORE_TLS_ONLY", env);
   if (t.only && !t.files.on) {
-    throw ConfigError("DDPRUN_STORE_TLS_ONLY=1 needs TLS: set DDPRUN_STORE_TLS_CERT, "
-                      "DDPRUN_STORE_TLS_KEY and DDPRUN_STORE_TLS_CA");
+    throw ConfigError(
+        "DDPRUN_STORE_TLS_ONLY=1 needs TLS: set DDPRUN_STORE_TLS_CERT, "
+        "DDPRUN_STORE_TLS_KEY and DDPRUN_STORE_TLS_CA");
   }
   t.files.cert_hint = "set DDPRUN_STORE_TLS_CERT, DDPRUN_STORE_TLS_KEY and DDPRUN_STORE_TLS_CA";
   return t;

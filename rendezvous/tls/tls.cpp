@@ -151,7 +151,8 @@ TlsContext::TlsContext(const TlsOptions& options, TlsRole role) : o_(options) {
       }
     } else {
       SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
-      SSL_CTX_set_session_cache_mode(ctx_, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+      SSL_CTX_set_session_cache_mode(ctx_,
+                                     SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
       SSL_CTX_sess_set_new_cb(ctx_, kept);
       if (o_.cacert.path.empty()) {
         SSL_CTX_set_default_verify_paths(ctx_);

@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
     if (auto secret = ddp::proto::auth::secret_for(secret_file)) opts.secret = std::move(*secret);
     // DDPRUN_STORE_TLS_* (store_tls.hpp): TLS and plain on the one port.
     if (const ddp::rdzv::StoreTls tls = ddp::rdzv::store_tls(); tls.files.on) {
-      opts.tls = std::make_shared<const ddp::rdzv::TlsContext>(tls.files, ddp::rdzv::TlsRole::server);
+      opts.tls =
+          std::make_shared<const ddp::rdzv::TlsContext>(tls.files, ddp::rdzv::TlsRole::server);
       opts.tls_only = tls.only;
     }
     if (!allow_unauthenticated.empty()) {
@@ -200,7 +201,10 @@ int main(int argc, char** argv) {
     }
     std::cout << "ddprund listening on " << opts.host << ":" << server.port()
               << (opts.secret.empty() ? "" : " (clients must authenticate)")
-              << (!opts.tls ? "" : opts.tls_only ? " (TLS only)" : " (TLS and plain)") << std::endl;
+              << (!opts.tls       ? ""
+                  : opts.tls_only ? " (TLS only)"
+                                  : " (TLS and plain)")
+              << std::endl;
     // The views read the store through a client of their own, on the HTTP thread; short
     // timeouts, since every HTTP connection waits while a request is answered.
     ddp::status::ViewSources sources;

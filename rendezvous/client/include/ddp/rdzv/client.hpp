@@ -120,7 +120,7 @@ class StoreClient : public Store {
   std::string endpoint_;
   ClientOptions opts_;
   int fd_ = -1;
-  int wake_fd_ = -1;  // eventfd, written by interrupt()
+  int wake_fd_ = -1;                 // eventfd, written by interrupt()
   std::unique_ptr<TlsSession> tls_;  // over fd_ (non-blocking then) when opts_.tls
   std::string buf_;
   std::string in_;  // read ahead of the current reply: [in_pos_, size) is unread
