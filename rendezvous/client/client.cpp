@@ -120,12 +120,25 @@ void StoreClient::send_request() {
   buf_.clear();
 }
 
+// With TLS, OpenSSL may hold whole records the socket no longer shows: peek() asks it first,
+// and says which event to poll for when nothing is there.
 bool StoreClient::wait_readable(Clock::time_point deadline) {
-  if (tls_ && tls_->pending()) return true;  // decrypted already: poll would not show it
   while (true) {
-    pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    short events = POLLIN;
+    if (tls_) {
+      long ready = 0;
+      try {
+        ready = tls_->peek();
+      } catch (const IoError& e) {
+        broken(e.what());
+      }
+      if (ready >= 0) return true;  // data, or the close the next read reports
+      events = static_cast<short>(-ready);
+    }
+    pollfd p[2] = {{fd_, events, 0}, {wake_fd_, POLLIN, 0}};
     int r = ::poll(p, 2, remaining_ms(deadline));
     if (r > 0 && p[1].revents != 0) broken("interrupted");
+    if (r > 0 && tls_) continue;
     if (r > 0) return true;
     if (r == 0) return false;
     if (errno != EINTR) broken(std::string("poll failed: ") + std::strerror(errno));

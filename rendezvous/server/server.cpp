@@ -99,10 +99,7 @@ struct StoreServer::Impl {
       shared.policy.own_uid = ::geteuid();
       shared.policy.uids = *opts.loopback_uids;
     }
-    if (opts.tls) {  // Asio's context frees the SSL_CTX it is given: it gets its own reference
-      SSL_CTX_up_ref(opts.tls->get());
-      shared.tls = std::make_unique<asio::ssl::context>(opts.tls->get());
-    }
+    shared.tls = opts.tls;
     shared.tls_only = opts.tls && opts.tls_only;
     shared.table.set_max_bytes(opts.max_store_bytes);
   }

@@ -85,15 +85,10 @@ void Session::read() {
   if (reading_ || closing_ || closed_ || output_full()) return;
   if (in_cap_ - in_end_ < kMinReadSpace && !grow_input()) return;
   reading_ = true;
-  auto done = [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-    self->on_read(ec, n);
-  };
-  auto into = asio::buffer(in_.get() + in_end_, in_cap_ - in_end_);
-  if (tls_) {
-    tls_->async_read_some(into, std::move(done));
-  } else {
-    socket_.async_read_some(into, std::move(done));
-  }
+  if (ssl_) return tls_read(in_.get() + in_end_, in_cap_ - in_end_, true);
+  socket_.async_read_some(asio::buffer(in_.get() + in_end_, in_cap_ - in_end_),
+                          [self = shared_from_this()](const boost::system::error_code& ec,
+                                                      std::size_t n) { self->on_read(ec, n); });
 }
 
 // Makes room for the next read: compacts, or grows by doubling while the budgets allow, else
@@ -388,25 +383,23 @@ void Session::flush() {
     return;
   }
   std::swap(out_, writing_);
-  auto done = [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-    self->shared_.bytes_sent.fetch_add(n, std::memory_order_relaxed);
-    self->writing_.clear();
-    if (self->writing_.capacity() > kShrinkAbove || self->closed_) {
-      std::string().swap(self->writing_);
-    }
-    self->account();
-    if (ec) {
-      logger("rdzv").debug("connection {}: write failed: {}", self->peer(), ec.message());
-      self->close();
-      return;
-    }
-    self->pump();  // input held back by a full reply buffer goes on now
-  };
-  if (tls_) {
-    asio::async_write(*tls_, asio::buffer(writing_), std::move(done));
-  } else {
-    asio::async_write(socket_, asio::buffer(writing_), std::move(done));
+  if (ssl_) return tls_write(0, true);
+  asio::async_write(socket_, asio::buffer(writing_),
+                    [self = shared_from_this()](const boost::system::error_code& ec,
+                                                std::size_t n) { self->on_written(ec, n); });
+}
+
+void Session::on_written(const boost::system::error_code& ec, std::size_t n) {
+  shared_.bytes_sent.fetch_add(n, std::memory_order_relaxed);
+  writing_.clear();
+  if (writing_.capacity() > kShrinkAbove || closed_) std::string().swap(writing_);
+  account();
+  if (ec) {
+    logger("rdzv").debug("connection {}: write failed: {}", peer(), ec.message());
+    close();
+    return;
   }
+  pump();  // input held back by a full reply buffer goes on now
 }
 
 void Session::close() {

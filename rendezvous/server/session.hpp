@@ -7,7 +7,6 @@
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
 #include <boost/asio.hpp>
-#include <boost/asio/ssl.hpp>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,8 +55,8 @@ struct SharedState {
   AccessPolicy policy;
   std::atomic<std::uint64_t> auth_ok{0};
   std::array<std::atomic<std::uint64_t>, kRefusals> refusals{};  // indexed by Refusal
-  // TLS (ServerOptions::tls; null: none): Asio's context over the server context's SSL_CTX.
-  std::unique_ptr<boost::asio::ssl::context> tls;
+  // TLS (ServerOptions::tls; null: none): the server context (tls.hpp).
+  std::shared_ptr<const TlsContext> tls;
   bool tls_only = false;
   std::atomic<std::uint64_t> tls_connections{0};
   std::mutex audit_mu;
@@ -79,6 +78,7 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   // `admitted`: may use the store without authenticating (classify() said admit).
   Session(boost::asio::ip::tcp::socket socket, SharedState& shared, WaiterId id, bool admitted);
+  ~Session();
   void start();
   // Called on the session's own loop after a waker bumped `wakes_issued`.
   void deliver_wakes();
@@ -96,6 +96,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // bounded by the frame timeout, before the first read.
   void sniff();
   void start_tls();
+  // TLS on the socket itself (session_tls.cpp): OpenSSL reads and writes the non-blocking fd;
+  // Asio only says when it is readable or writable. `posted`: the caller is not a handler, so a
+  // result is delivered through the loop (no recursion into pump()).
+  void tls_handshake(std::uint64_t gen);
+  void tls_read(char* into, std::size_t n, bool posted);
+  void tls_write(std::size_t off, bool posted);
+  void on_written(const boost::system::error_code& ec, std::size_t n);
   void read();
   void on_read(const boost::system::error_code& ec, std::size_t n);
   // Parses what is buffered, sends the replies, and reads on while the replies are under
@@ -121,7 +128,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close();
 
   boost::asio::ip::tcp::socket socket_;
-  std::unique_ptr<boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>> tls_;
+  SSL* ssl_ = nullptr;  // over socket_'s fd when the peer spoke TLS
   SharedState& shared_;
   WaiterId id_;
   proto::Decoder decoder_;

@@ -36,6 +36,7 @@ StoreTls store_tls(const knobs::Env* env) {
         "DDPRUN_STORE_TLS_ONLY=1 needs TLS: set DDPRUN_STORE_TLS_CERT, "
         "DDPRUN_STORE_TLS_KEY and DDPRUN_STORE_TLS_CA");
   }
+  t.files.read_ahead = true;  // the store's client and server read through peek()/SSL_read
   t.files.cert_hint = "set DDPRUN_STORE_TLS_CERT, DDPRUN_STORE_TLS_KEY and DDPRUN_STORE_TLS_CA";
   return t;
 }

@@ -52,6 +52,7 @@ struct Pki {
   TlsOptions options() const {
     TlsOptions o;
     o.on = true;
+    o.read_ahead = true;  // as the store's knobs set them (store_tls.cpp)
     o.cacert = {(dir / "ca.pem").string(), "ca"};
     o.cert = {(dir / "node.pem").string(), "cert"};
     o.key = {(dir / "node.key").string(), "key"};
@@ -91,6 +92,8 @@ TEST_CASE("store TLS: TLS and plain clients share the port, and a reconnect resu
   CHECK(second.add("/n", 3) == 5);
   CHECK(second.tls_resumed());  // the first connection's session, no certificates exchanged
   CHECK(server.stats().tls_connections == 2);
+  for (int i = 0; i < 200; ++i) second.add("/c", 1);  // records back to back, read ahead
+  CHECK(first.add("/c", 0) == 200);
   // A WAIT that another connection's SET ends, across TLS and plain.
   std::thread setter([&] {
     std::this_thread::sleep_for(50ms);

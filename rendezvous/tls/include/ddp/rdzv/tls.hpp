@@ -36,6 +36,8 @@ struct TlsOptions {
   // Added to "refused this client's TLS handshake" when the client has no certificate: where
   // to give one ("give cert= and key= in --rdzv-conf ...").
   std::string cert_hint;
+  // Read all that arrived in one recv (OpenSSL's read-ahead); the reader must use peek().
+  bool read_ahead = false;
 };
 
 enum class TlsRole : unsigned char { client, server };
@@ -79,6 +81,10 @@ class TlsSession {
   long read(void* data, std::size_t n);
   // Decrypted bytes waiting in OpenSSL's buffer (poll would not show them).
   bool pending() const;
+  // Whether application data can be read now, as read() would say it (> 0: yes; 0: closed;
+  // < 0: wait for those poll events), consuming nothing. With read_ahead, the one honest test:
+  // whole records may sit in OpenSSL's buffer while the socket is empty.
+  long peek();
   bool resumed() const;  // the handshake resumed the context's last session
 
  private:
