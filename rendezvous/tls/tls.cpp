@@ -8,6 +8,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -124,6 +125,13 @@ void load_own(SSL_CTX* ctx, const TlsFile& cert, const TlsFile& key) {
 }  // namespace
 
 TlsContext::TlsContext(const TlsOptions& options, TlsRole role) : o_(options) {
+  // OpenSSL's socket BIO writes with write(), not send(MSG_NOSIGNAL): writing to a peer that
+  // closed would raise SIGPIPE and end the process. A process that speaks TLS ignores it, as
+  // its plain sockets do by MSG_NOSIGNAL, unless it set a handler of its own.
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
   const bool server = role == TlsRole::server;
   if (o_.cert.path.empty() != o_.key.path.empty()) {
     const TlsFile& given = o_.cert.path.empty() ? o_.key : o_.cert;

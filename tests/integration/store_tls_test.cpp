@@ -4,6 +4,7 @@
 // the first one's session; a client without TLS to a store that wants a certificate still works
 // over plain (the policy is the access rules'). Certificates made by the openssl command line in
 // a private temporary folder. Bounded: a few connections, 5 s per reply.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -102,6 +103,33 @@ TEST_CASE("store TLS: TLS and plain clients share the port, and a reconnect resu
   second.wait({"/late"}, 5000ms);
   setter.join();
   CHECK(second.get("/late") == "x");
+}
+
+TEST_CASE("store TLS: a store gone mid-connection is an error, not SIGPIPE") {
+  Pki pki;
+  if (!pki.ok) DDP_SKIP("the openssl command could not make test certificates");
+  auto server = std::make_unique<StoreServer>([&] {
+    ServerOptions so;
+    so.tls = std::make_shared<const TlsContext>(pki.options(), TlsRole::server);
+    return so;
+  }());
+  server->start();
+  StoreClient c("127.0.0.1", server->port(),
+                quick(std::make_shared<const TlsContext>(pki.options())));
+  c.set("/k", "v");
+  struct sigaction now {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  CHECK(now.sa_handler == SIG_IGN);  // a TLS context made the process ignore it
+  server.reset();                    // the store goes away; its sockets close
+  bool failed = false;
+  for (int i = 0; i < 50 && !failed; ++i) {  // the first writes may still be taken by the kernel
+    try {
+      c.set("/k", std::string(65536, 'x'));
+    } catch (const ddp::Error&) {
+      failed = true;
+    }
+  }
+  CHECK(failed);
 }
 
 TEST_CASE("store TLS: a plain store answering a TLS client is named") {

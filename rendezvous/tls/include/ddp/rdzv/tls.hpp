@@ -45,6 +45,8 @@ enum class TlsRole : unsigned char { client, server };
 class TlsContext {
  public:
   // Throws ddp::ConfigError. A server needs cert, key and cacert (the CA of its clients).
+  // Makes the process ignore SIGPIPE when it has the default action (OpenSSL writes with
+  // write(), which raises it when the peer closed).
   explicit TlsContext(const TlsOptions& options, TlsRole role = TlsRole::client);
   ~TlsContext();
   TlsContext(const TlsContext&) = delete;
