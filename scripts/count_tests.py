@@ -37,6 +37,14 @@ def ctest_results(lines):
     return out
 
 
+def _failure_text(failure):
+    """A report's failure: its test, and why when the report says (an older report: a name)."""
+    if isinstance(failure, dict):
+        reason = failure.get("reason")
+        return f"{failure.get('test', '?')}" + (f" ({reason})" if reason else "")
+    return str(failure)
+
+
 def read_report(lines, failures=None):
     """(suites by name, [skip lines]) from the report's JSON lines; a bad line is an error. The
     failed pytest tests' (suite, test) go to the list `failures` when one is given."""
@@ -53,7 +61,7 @@ def read_report(lines, failures=None):
             suites[rec["suite"]] = {k: prev[k] + int(rec[k]) for k in prev}
             skips += [(rec["suite"], s["test"], s["reason"]) for s in rec.get("skips", [])]
             if failures is not None:
-                failures += [(rec["suite"], t) for t in rec.get("failures", [])]
+                failures += [(rec["suite"], _failure_text(t)) for t in rec.get("failures", [])]
         else:
             skips.append((rec.get("suite", "?"), rec.get("test", "?"), rec.get("reason", "?")))
     return suites, skips

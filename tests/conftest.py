@@ -18,6 +18,18 @@ def _skip_reason(report):
     return str(longrepr)
 
 
+def _failure_reason(report, limit=600):
+    """Where a failed test stopped and the end of its message (pytest puts the compared values
+    last), on one line: what CI's tail shows when the full report scrolled out of it."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is None:
+        return " ".join(str(report.longrepr).split())[-limit:]
+    text = " ".join(str(crash.message).split())
+    if len(text) > limit:
+        text = "..." + text[-limit:]
+    return f"{os.path.basename(crash.path)}:{crash.lineno}: {text}"
+
+
 def pytest_terminal_summary(terminalreporter):
     path = os.environ.get("DDP_TEST_REPORT")
     if not path:
@@ -30,7 +42,8 @@ def pytest_terminal_summary(terminalreporter):
         "failed": count["failed"] + count["error"],
         "skipped": count["skipped"],
         "skips": [{"test": r.nodeid, "reason": _skip_reason(r)} for r in stats.get("skipped", [])],
-        "failures": [r.nodeid for k in ("failed", "error") for r in stats.get(k, [])],
+        "failures": [{"test": r.nodeid, "reason": _failure_reason(r)}
+                     for k in ("failed", "error") for r in stats.get(k, [])],
     }
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")

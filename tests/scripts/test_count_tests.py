@@ -99,3 +99,13 @@ def test_each_failure_is_named_once():
         "failed: interop: ddp-train: t.py::test_heal",
         "failed: integration/spawn_workers gives each worker a pipe",
         "failed: hostile: store"]
+
+
+def test_a_failure_carries_where_and_why_when_the_report_says():
+    failures = []
+    ct.read_report(report(
+        {"suite": "slurm", "passed": 3, "failed": 1, "skipped": 0,
+         "failures": [{"test": "t.py::test_usr1", "reason": "t.py:131: assert 'FAILED' == 'CANCELLED'"}]}),
+        failures)
+    assert ct.failure_lines([], failures) == [
+        "failed: slurm: t.py::test_usr1 (t.py:131: assert 'FAILED' == 'CANCELLED')"]

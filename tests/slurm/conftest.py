@@ -62,13 +62,28 @@ class Cluster:
         return out.stdout.strip().split(";")[0]
 
     def state(self, jid):
-        out = subprocess.run(["scontrol", "show", "job", jid], env=self.env,
-                             capture_output=True, text=True, timeout=120).stdout
+        try:
+            out = subprocess.run(["scontrol", "show", "job", jid], env=self.env,
+                                 capture_output=True, text=True, timeout=120).stdout
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"scontrol show job {jid}: no answer in 120 s\n{self.daemons()}")
         st = re.search(r"JobState=(\S+)", out)
         ec = re.search(r"ExitCode=(\S+)", out)
         name = re.search(r"JobName=(\S+)", out)
         return (st.group(1) if st else "?", ec.group(1) if ec else "?",
                 name.group(1) if name else "?")
+
+    def daemons(self):
+        """What the cluster's daemons were doing: their processes and their logs' last lines (for
+        a failure where slurmctld stopped answering)."""
+        ps = subprocess.run(["ps", "-eo", "pid,stat,pcpu,etime,args"], capture_output=True,
+                            text=True, timeout=30).stdout.splitlines()
+        out = [line for line in ps if re.search(r"slurm|munge", line)]
+        logdir = os.path.join(CLUSTER["LOCAL_SLURM_DIR"], "log")
+        for name in sorted(os.listdir(logdir)) if os.path.isdir(logdir) else []:
+            with open(os.path.join(logdir, name), errors="replace") as f:
+                out += [f"--- {name}"] + f.read().splitlines()[-25:]
+        return "\n".join(out)
 
     def running(self, jid):
         return self.state(jid)[0] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
