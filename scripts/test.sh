@@ -94,7 +94,12 @@ run_pytest() {  # run_pytest SUITE ARGS...: one count per test, as run_ctest's
   rm -f "$report"
 }
 if [[ -x build/bin/ddprun && -x build/bin/ddp-train ]]; then
-  run_pytest slurm tests/slurm
+  # The build's dirty pages to disk first: an fsync behind gigabytes of them stalls the machine
+  # for minutes (tests/slurm/conftest.py); the jobs' files go on tmpfs.
+  sync
+  slurm_tmp=$(mktemp -d /dev/shm/ddprun-slurm-pytest.XXXXXX)
+  run_pytest slurm tests/slurm --basetemp="$slurm_tmp"
+  rm -rf "$slurm_tmp"
 else
   fail "slurm (no build)"
 fi

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 #include <charconv>
@@ -17,6 +18,7 @@
 #include <cstring>
 
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/metric_name.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -32,6 +34,17 @@ std::string_view trim(std::string_view s) {
   while (!s.empty() && (is_blank(s.front()) || s.front() == '\r')) s.remove_prefix(1);
   while (!s.empty() && (is_blank(s.back()) || s.back() == '\r')) s.remove_suffix(1);
   return s;
+}
+
+// A metric's value: a finite number, a sign allowed ("-0.5", "3e-4").
+std::optional<double> parse_metric(std::string_view s) {
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v)) {
+    return std::nullopt;
+  }
+  return v;
 }
 
 // Digits only (no sign, no blanks), within int64.
@@ -102,7 +115,12 @@ std::optional<ProgressLine> parse_progress_line(std::string_view line) {
       auto v = parse_step(value);
       if (!v) return std::nullopt;
       (key == "samples" ? out.samples : out.total) = *v;
-    }  // other keys: ignored
+    } else if (auto v = parse_metric(value);
+               v && ddp::metric_name_ok(key) && out.metrics.size() < kMaxLineMetrics) {
+      out.metrics.emplace_back(std::string(key), *v);
+    } else {
+      ++out.bad_metrics;  // the line still counts: its step is what the agent lives on
+    }
   }
   if (!have_step && !out.recover_in_place && !out.recover_restart) return std::nullopt;
   if (!have_step) out.step = -1;  // a declaration alone
@@ -144,6 +162,19 @@ void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime
     r.regroups = line.recover_regroup;
   }
   if (line.step < 0) return;  // a declaration, not a step
+  r.bad_metrics += static_cast<std::uint64_t>(line.bad_metrics);
+  if (!line.metrics.empty()) ++r.metric_lines;
+  for (const auto& [key, value] : line.metrics) {
+    auto it = r.metrics.find(key);
+    if (it == r.metrics.end()) {
+      if (r.metrics.size() >= ddp::kMaxRankMetrics) {
+        ++r.bad_metrics;
+        continue;
+      }
+      it = r.metrics.emplace(key, RankProgress::Metric{}).first;
+    }
+    it->second = {value, line.step, r.metric_lines};
+  }
   if (r.first_step_unix < 0) r.first_step_unix = line.t ? *line.t : unix_of(now);
   r.reported = true;
   if (line.samples >= 0) r.samples = line.samples;
@@ -297,6 +328,16 @@ void ProgressReader::on_readable(int fd, SteadyTime now) {
         if (untimed) apply(rank, *std::exchange(untimed, std::nullopt), now);
         apply(rank, *line, now);
       } else {
+        // Of untimed lines read together the last wins, but no metric is lost: a val_loss= on
+        // an earlier one goes on with it (and its bad metrics are counted).
+        if (untimed) {
+          line->bad_metrics += untimed->bad_metrics;
+          for (auto& m : untimed->metrics) {
+            const bool has = std::any_of(line->metrics.begin(), line->metrics.end(),
+                                         [&](const auto& n) { return n.first == m.first; });
+            if (!has && line->metrics.size() < kMaxLineMetrics) line->metrics.push_back(m);
+          }
+        }
         untimed = std::move(line);
       }
     } else {

@@ -191,6 +191,10 @@ void StatusReporter::workers_started(const std::vector<RankStart>& ranks) {
     node_.ranks.push_back(st);
   }
   for (auto& [lr, t] : steps_) t.seen_last = -1;  // the new round's progress starts over
+  for (auto& [lr, m] : metrics_) {
+    m.seen_line = 0;
+    m.seen_step = -1;
+  }
 }
 
 void StatusReporter::worker_exited(int local_rank, int exit_code, const std::string& error,
@@ -238,6 +242,7 @@ void StatusReporter::progress(const std::map<int, RankProgress>& ranks) {
     r.total_steps = p.total_steps;
     r.samples_per_s =
         p.samples >= 0 && r.step_time_s > 0 ? static_cast<double>(p.samples) / r.step_time_s : 0;
+    take_metrics(r, p);
     RankTrace& t = steps_[r.local_rank];
     t.steps.rank = r.rank;
     // Only the spans not copied yet: those after the last step seen (newest last).
@@ -249,6 +254,31 @@ void StatusReporter::progress(const std::map<int, RankProgress>& ranks) {
       t.steps.steps.erase(t.steps.steps.begin(), t.steps.steps.end() - kTraceSteps);
     }
   }
+}
+
+// The rank's latest metrics into its record, the new ones (and its samples/s at a new step)
+// into its history. Called with mu_ held.
+void StatusReporter::take_metrics(status::RankStatus& r, const RankProgress& p) {
+  RankMetrics& m = metrics_[r.local_rank];
+  const double now = status::unix_now();
+  r.metrics.clear();
+  for (const auto& [key, v] : p.metrics) {
+    r.metrics[key] = v.value;
+    if (v.line > m.seen_line) m.history.add(key, v.step, now, v.value);
+  }
+  r.bad_metrics = p.bad_metrics;
+  m.seen_line = p.metric_lines;
+  if (p.step != m.seen_step && r.samples_per_s > 0) {
+    m.history.add("samples_per_s", p.step, now, r.samples_per_s);
+  }
+  m.seen_step = p.step;
+}
+
+std::size_t StatusReporter::history_bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::size_t n = 0;
+  for (const auto& [lr, m] : metrics_) n += m.history.bytes();
+  return n;
 }
 
 void StatusReporter::restarting(int round, const std::string& cause, const std::string& what) {
@@ -315,6 +345,12 @@ void StatusReporter::sample_and_publish() {
       }
     }
     node_.updated_unix = now;
+    std::vector<status::Series> per_rank;
+    per_rank.reserve(metrics_.size());
+    for (const auto& [lr, m] : metrics_) per_rank.push_back(m.history.series(2 * status::kRecordPoints));
+    std::vector<const status::Series*> sources;
+    for (const auto& sr : per_rank) sources.push_back(&sr);
+    node_.history = status::combine(sources, status::kRecordPoints);
     if (away_since_ > 0) {  // the current outage goes on
       node_.store_away_s = std::max(0.0, now - away_since_);
       node_.store_outage_s = outages_ended_s_ + node_.store_away_s;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -116,6 +117,18 @@ std::string truncated(const std::string& text, std::size_t max) {
   return s.substr(0, keep) + "...";
 }
 
+// "loss=2.31 lr=0.001" (sep "="), at most kMaxMetricsCell characters.
+constexpr std::size_t kMaxMetricsCell = 48;
+std::string metrics_cell(const std::map<std::string, double>& metrics, const char* sep) {
+  std::string s;
+  for (const auto& [key, value] : metrics) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", value);
+    s += (s.empty() ? "" : " ") + key + sep + buf;
+  }
+  return truncated(s, kMaxMetricsCell);
+}
+
 bool alive(const std::string& state) {
   return state == "starting" || state == "running" || state == "hung";
 }
@@ -152,7 +165,8 @@ struct Column {
 constexpr Column kColumns[] = {{"NODE", false},     {"RANK", true},      {"LOCAL", true},
                                {"STATE", false},    {"RESTARTS", true},  {"STEP", true},
                                {"STEP TIME", true}, {"SAMPLES/S", true}, {"CPU", true},
-                               {"RSS", true},       {"GPU", false},      {"LAST ERROR", false}};
+                               {"RSS", true},       {"GPU", false},      {"METRICS", false},
+                               {"LAST ERROR", false}};
 constexpr std::size_t kNumColumns = std::size(kColumns);
 using Row = std::array<std::string, kNumColumns>;
 
@@ -169,7 +183,24 @@ Row rank_row(const status::RankStatus& r) {
           live ? percent(r.cpu_frac) : "-",
           live && r.rss_bytes > 0 ? human_bytes(r.rss_bytes) : "-",
           gpu_cell(r),
+          metrics_cell(r.metrics, "="),
           r.last_error.empty() ? "" : truncated(r.last_error, kMaxError)};
+}
+
+// "step 120/1000  3.5k samples/s  ETA 3m49s  goodput 99.2% (lost 1.20 s)  loss 2.31": the job
+// as a whole (record.hpp's summary), or "" before any rank reported a step.
+std::string job_line(const status::JobStatus& job) {
+  if (job.step < 0) return "";
+  std::string s = "job  step " + std::to_string(job.step);
+  if (job.total_steps > 0) s += "/" + std::to_string(job.total_steps);
+  if (job.samples_per_s > 0) s += "  " + human_rate(job.samples_per_s) + " samples/s";
+  if (job.eta_s > 0) s += "  ETA " + human_duration(job.eta_s);
+  if (job.wall_s > 0) {
+    s += "  goodput " + fixed(job.goodput * 100, 1) + "%";
+    if (job.lost_s > 0) s += " (lost " + human_duration(job.lost_s) + " to restarts)";
+  }
+  const std::string m = metrics_cell(job.metrics, " ");
+  return s + (m.empty() ? "" : "  " + m) + "\n";
 }
 
 std::string header_line(const status::JobStatus& job) {
@@ -215,7 +246,8 @@ std::string format_status_table(const status::JobStatus& job) {
       Row r;
       r.fill("-");
       r[3] = n.lost ? "lost" : one_line(n.state);
-      r[11] = n.restarts.empty() ? "" : truncated(n.restarts.back().what, kMaxError);
+      r[kNumColumns - 2] = "";
+      r[kNumColumns - 1] = n.restarts.empty() ? "" : truncated(n.restarts.back().what, kMaxError);
       rows.push_back(r);
     }
     rows[first][0] = node_cell(n, job.now_unix);
@@ -226,7 +258,7 @@ std::string format_status_table(const status::JobStatus& job) {
       width[c] = std::max(width[c], display_width(r[c]));
     }
   }
-  std::string out = header_line(job);
+  std::string out = header_line(job) + job_line(job);
   for (const auto& r : rows) {
     std::string line;
     for (std::size_t c = 0; c < kNumColumns; ++c) {

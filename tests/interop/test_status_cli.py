@@ -122,20 +122,22 @@ def undocumented_keys(doc, schema=SCHEMA, path="job"):
 
 
 TITLES = ["NODE", "RANK", "LOCAL", "STATE", "RESTARTS", "STEP", "STEP TIME", "SAMPLES/S", "CPU",
-          "RSS", "GPU", "LAST ERROR"]
-LEFT = {"NODE", "STATE", "GPU", "LAST ERROR"}  # the others are right-aligned
+          "RSS", "GPU", "METRICS", "LAST ERROR"]
+LEFT = {"NODE", "STATE", "GPU", "METRICS", "LAST ERROR"}  # the others are right-aligned
 
 
 def table_rows(text):
     """(header line, rank rows as {title: cell}): a left-aligned cell starts under its title,
     a right-aligned one ends under its title's end; cells never hold two spaces in a row."""
     lines = text.rstrip("\n").split("\n")
-    assert lines[1].startswith("NODE"), text
+    # The job line ("job  step ...") sits between the header and the titles once steps come.
+    ti = 2 if lines[1].startswith("job  ") else 1
+    assert lines[ti].startswith("NODE"), text
     rows = []
-    for line in lines[2:]:
+    for line in lines[ti + 1:]:
         row = {}
         for t in TITLES:
-            at = lines[1].index(t)
+            at = lines[ti].index(t)
             if t == "LAST ERROR":
                 row[t] = line[at:].strip()
             elif t in LEFT:

@@ -6,7 +6,9 @@ Its own names, subnet and ports, so it never touches another local cluster; torn
 Jobs run with build/bin and the torch 2.x venv first on PATH (sbatch exports the environment)."""
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -23,7 +25,11 @@ INFRA = next((p for p in (os.environ.get("DDP_SLURM_INFRA", ""),
               if p and os.path.exists(p)), None)
 VENV = os.environ.get("DDP_TORCH_VENV", os.path.expanduser("~/.cache/ddprun/torch-venv"))
 CLUSTER = {
-    "LOCAL_SLURM_DIR": "/tmp/ddprun-slurm-test",
+    # On tmpfs, as the jobs' files (the cluster fixture, scripts/test.sh's --basetemp): slurmctld
+    # fsyncs its state at every job change, ddp-train its snapshots, and on this machine's disk
+    # an fsync behind a build's gigabytes of dirty pages stalled slurmctld (and every process
+    # that touched the journal) for minutes: scontrol timed out after 120 s.
+    "LOCAL_SLURM_DIR": "/dev/shm/ddprun-slurm-test",
     "LOCAL_SLURM_MODE": "netns",
     "LOCAL_SLURM_NODES": "2",
     "LOCAL_SLURM_NODE_PREFIX": "dn",
@@ -153,12 +159,13 @@ def cluster(tmp_path_factory):
     up = subprocess.run([INFRA, "up"], env=env, capture_output=True, text=True, timeout=600)
     if up.returncode != 0:
         pytest.fail("local_slurm.sh up failed:\n" + up.stdout + up.stderr)
-    workdir = tmp_path_factory.mktemp("slurm-jobs")
+    workdir = tempfile.mkdtemp(prefix="ddprun-slurm-jobs-", dir="/dev/shm")
     os.chmod(workdir, 0o755)
     try:
-        yield Cluster(str(workdir))
+        yield Cluster(workdir)
     finally:
         subprocess.run([INFRA, "down"], env=env, capture_output=True, text=True, timeout=120)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def wait_gone(marker, timeout=10):

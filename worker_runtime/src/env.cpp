@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "ddp/worker/progress.hpp"
 
 #include "ddp/proto/error.hpp"
+#include "ddp/proto/metric_name.hpp"
 #include "ddp/proto/number.hpp"
 
 namespace ddp::worker {
@@ -113,7 +115,8 @@ char* put_int(char* p, char* end, std::int64_t v) { return std::to_chars(p, end,
 }  // namespace
 
 std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view phase,
-                                 std::int64_t unix_us, std::int64_t samples, std::int64_t total) {
+                                 std::int64_t unix_us, std::int64_t samples, std::int64_t total,
+                                 const LineMetric* metrics, std::size_t n_metrics) {
   char* const end = buf + kProgressLineMax - 1;  // room for the newline
   constexpr std::string_view kStep = "step=", kPhase = " phase=", kT = " t=",
                              kSamples = " samples=", kTotal = " total=";
@@ -138,6 +141,17 @@ std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view 
   if (total >= 0) {
     p = std::copy(kTotal.begin(), kTotal.end(), p);
     p = put_int(p, end, total);
+  }
+  for (std::size_t i = 0; i < std::min(n_metrics, kLineMetrics); ++i) {
+    const std::string_view name = metrics[i].name ? metrics[i].name : "";
+    if (name.size() > 32 || !ddp::metric_name_ok(name) || !std::isfinite(metrics[i].value)) continue;
+    // " name=" and a double's shortest form (at most 24 bytes); a line with every field at its
+    // widest has no room for all four, and drops those that do not fit.
+    if (end - p < static_cast<std::ptrdiff_t>(name.size() + 26)) break;
+    *p++ = ' ';
+    p = std::copy(name.begin(), name.end(), p);
+    *p++ = '=';
+    p = std::to_chars(p, end, metrics[i].value).ptr;
   }
   *p++ = '\n';
   return static_cast<std::size_t>(p - buf);
@@ -193,7 +207,9 @@ void ProgressWriter::report(std::int64_t step, std::string_view phase,
   ::clock_gettime(CLOCK_REALTIME, &ts);
   char line[kProgressLineMax];
   const std::int64_t unix_us = std::int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
-  const std::size_t n = format_progress_line(line, step, phase, unix_us, samples, total_);
+  const std::size_t n =
+      format_progress_line(line, step, phase, unix_us, samples, total_, pending_, n_pending_);
+  n_pending_ = 0;
   const ssize_t r = ::write(fd_, line, n);
   if (r == static_cast<ssize_t>(n)) {
     ++written_;
@@ -202,6 +218,16 @@ void ProgressWriter::report(std::int64_t step, std::string_view phase,
   } else {
     fd_ = -1;  // EPIPE (the agent is gone), EBADF, or a short write: stop writing
   }
+}
+
+void ProgressWriter::metric(const char* name, double value) noexcept {
+  for (std::size_t i = 0; i < n_pending_; ++i) {
+    if (std::string_view(pending_[i].name) == name) {
+      pending_[i].value = value;
+      return;
+    }
+  }
+  if (n_pending_ < kLineMetrics) pending_[n_pending_++] = {name, value};
 }
 
 void ProgressWriter::declare(std::string_view key_value) noexcept {

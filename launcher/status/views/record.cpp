@@ -34,10 +34,23 @@ json rank_json(const RankStatus& r) {
   j["gpu_util"] = r.gpu_util ? json(*r.gpu_util) : json(nullptr);
   j["gpu_mem_used"] = r.gpu_mem_used ? json(*r.gpu_mem_used) : json(nullptr);
   j["gpu_mem_total"] = r.gpu_mem_total ? json(*r.gpu_mem_total) : json(nullptr);
+  j["metrics"] = r.metrics;
+  j["bad_metrics"] = r.bad_metrics;
   return j;
 }
 
-json node_json(const NodeStatus& n) {
+// {"loss": [[step, unix, value], ...], ...}
+json series_json(const Series& s) {
+  json j = json::object();
+  for (const auto& [key, pts] : s) {
+    json a = json::array();
+    for (const MetricPoint& p : pts) a.push_back(json::array({p.step, p.unix, p.value}));
+    j[key] = std::move(a);
+  }
+  return j;
+}
+
+json node_json(const NodeStatus& n, bool history) {
   json ranks = json::array();
   for (const auto& r : n.ranks) ranks.push_back(rank_json(r));
   json restarts = json::array();
@@ -78,6 +91,7 @@ json node_json(const NodeStatus& n) {
             {"heals", n.heals},
             {"heal_s", n.heal_s},
             {"last_heal", n.last_heal}};
+  if (history) j["history"] = series_json(n.history);
   return j;
 }
 
@@ -138,7 +152,34 @@ RankStatus rank_from(const json& j, const std::string& p) {
   r.gpu_util = opt<double>(j, "gpu_util", p);
   r.gpu_mem_used = opt<std::uint64_t>(j, "gpu_mem_used", p);
   r.gpu_mem_total = opt<std::uint64_t>(j, "gpu_mem_total", p);
+  if (auto it = j.find("metrics"); it != j.end()) {  // absent before metrics (issue 36)
+    if (!it->is_object()) bad(p + ".metrics", "is not an object");
+    for (const auto& [k, v] : it->items()) {
+      if (!v.is_number() || !metric_name_ok(k)) bad(p + ".metrics." + k, "is not a metric");
+      r.metrics[k] = v.get<double>();
+    }
+    r.bad_metrics = opt<std::uint64_t>(j, "bad_metrics", p).value_or(0);
+  }
   return r;
+}
+
+Series series_from(const json& j, const std::string& p) {
+  if (!j.is_object()) bad(p, "is not an object");
+  Series s;
+  for (const auto& [key, pts] : j.items()) {
+    const std::string q = p + "." + key;
+    if (!metric_name_ok(key) && key != "samples_per_s") bad(q, "is not a metric name");
+    if (!pts.is_array() || pts.size() > kHistoryPoints) bad(q, "is not an array of points");
+    auto& dst = s[key];
+    for (const json& pt : pts) {
+      if (!pt.is_array() || pt.size() != 3 || !pt[0].is_number() || !pt[1].is_number() ||
+          !pt[2].is_number()) {
+        bad(q, "has a point that is not [step, time, value]");
+      }
+      dst.push_back({pt[0].get<std::int64_t>(), pt[1].get<double>(), pt[2].get<double>()});
+    }
+  }
+  return s;
 }
 
 NodeStatus node_from(const json& j, const std::string& p) {
@@ -178,6 +219,7 @@ NodeStatus node_from(const json& j, const std::string& p) {
       n.last_heal = it->get<std::string>();
     }
   }
+  if (auto it = j.find("history"); it != j.end()) n.history = series_from(*it, p + ".history");
   const json& ranks = arr(j, "ranks", p);
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     n.ranks.push_back(rank_from(ranks[i], p + ".ranks[" + std::to_string(i) + "]"));
@@ -237,6 +279,7 @@ void fill_derived(JobStatus& job) {
     job.ranks += static_cast<int>(n.ranks.size());
     states.insert(n.state);
   }
+  fill_summary(job);
   if (states.empty()) {
     job.state = job.nodes.empty() ? "unknown" : "lost";
   } else if (states.size() == 1) {
@@ -248,20 +291,38 @@ void fill_derived(JobStatus& job) {
   }
 }
 
+std::string to_json(const Series& s) {
+  return series_json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string to_json(const NodeStatus& n) {
-  return node_json(n).dump(-1, ' ', false, json::error_handler_t::replace);
+  return node_json(n, true).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 NodeStatus node_from_json(const std::string& text) {
   return node_from(parse(text, "status record"), "node");
 }
 
-std::string to_json(const JobStatus& job, int indent) {
+std::string to_json(const JobStatus& job, int indent, bool history) {
   json nodes = json::array();
-  for (const auto& n : job.nodes) nodes.push_back(node_json(n));
-  json j = {{"schema", job.schema},     {"run_id", job.run_id},   {"now", job.now_unix},
-            {"round", job.round},       {"members", job.members}, {"ranks", job.ranks},
-            {"restarts", job.restarts}, {"state", job.state},     {"nodes", std::move(nodes)}};
+  for (const auto& n : job.nodes) nodes.push_back(node_json(n, history));
+  json j = {{"schema", job.schema},
+            {"run_id", job.run_id},
+            {"now", job.now_unix},
+            {"round", job.round},
+            {"members", job.members},
+            {"ranks", job.ranks},
+            {"restarts", job.restarts},
+            {"state", job.state},
+            {"step", job.step},
+            {"total_steps", job.total_steps},
+            {"samples_per_s", job.samples_per_s},
+            {"metrics", job.metrics},
+            {"eta_s", job.eta_s},
+            {"wall_s", job.wall_s},
+            {"lost_s", job.lost_s},
+            {"goodput", job.goodput},
+            {"nodes", std::move(nodes)}};
   return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }
 
@@ -276,6 +337,20 @@ JobStatus job_from_json(const std::string& text) {
   job.ranks = num<int>(j, "ranks", "job");
   job.restarts = num<int>(j, "restarts", "job");
   job.state = str(j, "state", "job");
+  if (j.contains("goodput")) {  // absent before the job summary (issue 36)
+    job.step = num<std::int64_t>(j, "step", "job");
+    job.total_steps = num<std::int64_t>(j, "total_steps", "job");
+    job.samples_per_s = num<double>(j, "samples_per_s", "job");
+    job.eta_s = num<double>(j, "eta_s", "job");
+    job.wall_s = num<double>(j, "wall_s", "job");
+    job.lost_s = num<double>(j, "lost_s", "job");
+    job.goodput = num<double>(j, "goodput", "job");
+    if (auto it = j.find("metrics"); it != j.end() && it->is_object()) {
+      for (const auto& [k, v] : it->items()) {
+        if (v.is_number()) job.metrics[k] = v.get<double>();
+      }
+    }
+  }
   const json& nodes = arr(j, "nodes", "job");
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     job.nodes.push_back(node_from(nodes[i], "job.nodes[" + std::to_string(i) + "]"));

@@ -10,6 +10,7 @@
 #include "ddp/proto/error.hpp"
 #include "ddp/rdzv/log.hpp"
 #include "ddp/rdzv/store.hpp"
+#include "ddp/status/history_export.hpp"
 #include "ddp/status/job_view.hpp"
 #include "ddp/status/metrics.hpp"
 #include "ddp/status/page.hpp"
@@ -92,6 +93,10 @@ HttpResponse StatusViews::handle(const HttpRequest& request) {
     return {200, "text/html; charset=utf-8", std::string(status_page_html())};
   }
   if (request.path == "/api/status") return api_status(request);
+  if (request.path == "/api/history") return api_history(request);
+  if (auto js = status_page_asset(request.path); !js.empty()) {
+    return {200, "text/javascript; charset=utf-8", std::string(js)};
+  }
   if (request.path == "/api/runs") return api_runs();
   if (request.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
   if (request.path == "/metrics") return metrics();
@@ -137,7 +142,7 @@ JobStatus StatusViews::local_job() {
   return job;
 }
 
-HttpResponse StatusViews::api_status(const HttpRequest& request) {
+std::optional<HttpResponse> StatusViews::read_run(const HttpRequest& request, JobStatus& job) {
   const QueryParam run = query_param(request.query, "run");
   if (!run.error.empty()) return json_error(400, "bad query parameter " + run.error);
   const bool agent = static_cast<bool>(s_.local_node);
@@ -147,7 +152,6 @@ HttpResponse StatusViews::api_status(const HttpRequest& request) {
     own_run = s_.local_node().run_id;
     if (id.empty()) id = own_run;
   }
-  JobStatus job;
   const bool reached = with_store([&](rdzv::Store& store) {
     if (id.empty()) {
       const auto runs = list_runs(store);
@@ -161,9 +165,38 @@ HttpResponse StatusViews::api_status(const HttpRequest& request) {
   if (!reached && job.nodes.empty()) return json_error(503, "the store cannot be reached");
   if (id.empty()) return json_error(404, "no run has published its status yet");
   if (job.nodes.empty()) return json_error(404, "unknown run '" + id + "'");
-  // Compact unless ?pretty: a 1024-node job's answer is megabytes (docs/perf.md).
+  return std::nullopt;
+}
+
+HttpResponse StatusViews::api_status(const HttpRequest& request) {
+  JobStatus job;
+  if (auto error = read_run(request, job)) return *error;
+  // Compact unless ?pretty: a 1024-node job's answer is megabytes (docs/perf.md). The nodes'
+  // metric histories only with ?history (api/history has them, combined).
   const bool pretty = query_param(request.query, "pretty").value.has_value();
-  return {200, kJson, to_json(job, pretty ? 2 : -1) + "\n"};
+  const bool history = query_param(request.query, "history").value.has_value();
+  return {200, kJson, to_json(job, pretty ? 2 : -1, history) + "\n"};
+}
+
+HttpResponse StatusViews::api_history(const HttpRequest& request) {
+  const QueryParam format = query_param(request.query, "format", 16);
+  const QueryParam scope = query_param(request.query, "scope", 16);
+  const auto f = parse_history_format(format.value.value_or("json"));
+  if (!format.error.empty() || !f) {
+    return json_error(400, "bad query parameter 'format': '" + format.value.value_or("") +
+                               "' is not json, csv or jsonl");
+  }
+  const auto sc = parse_history_scope(scope.value.value_or(*f == HistoryFormat::json_object ? "job" : "all"));
+  if (!scope.error.empty() || !sc) {
+    return json_error(400, "bad query parameter 'scope': '" + scope.value.value_or("") +
+                               "' is not job, nodes or all");
+  }
+  JobStatus job;
+  if (auto error = read_run(request, job)) return *error;
+  const char* type = *f == HistoryFormat::csv     ? "text/csv; charset=utf-8"
+                     : *f == HistoryFormat::json_lines ? "application/x-ndjson"
+                                                  : kJson;
+  return {200, type, export_history(job, *f, *sc)};
 }
 
 HttpResponse StatusViews::api_runs() {

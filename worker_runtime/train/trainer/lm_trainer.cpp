@@ -177,6 +177,7 @@ int LmRun::go() {
   };
   const auto t0 = Clock::now();
   Clock::time_point t1 = t0;  // after the first step: tokens/s leaves out the warm-up
+  Clock::time_point last_step = t0;  // the progress line's tokens/s
   std::int64_t steps = 0;
   int stop = 0;
   bool done = false;
@@ -203,6 +204,16 @@ int LmRun::go() {
       const double loss =
           world_sum(e.layout().rank == 0 ? local : 0.0) / static_cast<double>(tokens_per_step);
       step_losses.push_back(loss);
+      if (c_.progress != nullptr) {  // on the next line; the ranks' tokens/s add up to the job's
+        const auto now = Clock::now();
+        const double dt = std::chrono::duration<double>(now - last_step).count();
+        last_step = now;
+        c_.progress->metric("loss", loss);
+        if (dt > 0) {
+          c_.progress->metric("tokens_per_s", static_cast<double>(tokens_per_step) /
+                                                  std::max(1, c_.world) / dt);
+        }
+      }
       epoch_sum += loss;
       ++epoch_n;
       ++pos.step;
@@ -225,6 +236,7 @@ int LmRun::go() {
       phase("eval", pos.global_step);
       const double val = o_.eval ? eval_loss(e) : 0.0;
       val_losses.push_back(val);
+      if (c_.progress != nullptr && o_.eval) c_.progress->metric("val_loss", val);
       if (leader()) {
         out() << "ddp-train: epoch " << pos.epoch << ": train loss " << std::setprecision(5)
               << (epoch_n > 0 ? epoch_sum / static_cast<double>(epoch_n) : 0.0);

@@ -181,6 +181,10 @@ void Run::run_epoch(std::int64_t epoch) {
       keep_shard_copy(*engine_, *c_.comm, *copies_, pos_);
     }
     last_loss_ = *step_loss / group;
+    if (c_.progress != nullptr) {  // on the next progress line, whose step is this one's end
+      c_.progress->metric("loss", last_loss_);
+      c_.progress->metric("lr", static_cast<double>(opt_.config().lr));
+    }
     loss.sum += last_loss_;
     if (step_losses_.size() < 100000) step_losses_.push_back(last_loss_);
     ++loss.steps;

@@ -14,10 +14,13 @@ using ddp::status::RankStatus;
 
 namespace {
 
+// The table's lines without its job line (tested on its own below).
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
   std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("job  ", 0) != 0) out.push_back(line);
+  }
   return out;
 }
 
@@ -268,4 +271,25 @@ TEST_CASE("status flags: the etcd-v3 backend takes its members and --rdzv-conf",
           "'novalue' is not KEY=VALUE");
   refused({"--rdzv-endpoint", "h", "--rdzv-conf", "a=b"}, "--rdzv-conf is for");
   refused({"--rdzv-backend=etcd-v3", "--rdzv-endpoint="}, "no etcd member");
+}
+
+TEST_CASE("status table: the job line and the metrics column", "[status_cli]") {
+  JobStatus job = two_nodes();
+  job.nodes[0].ranks[0].metrics = {{"loss", 2.3125}, {"lr", 0.001}};
+  job.nodes[0].ranks[1].metrics = {{"loss", 2.5}, {"lr", 0.001}};
+  job.nodes[0].started_unix = 900;
+  job.nodes[0].phases = {{"rendezvous", 900, 901, ""}, {"restart", 950, 960, ""}};
+  ddp::status::fill_derived(job);
+  std::istringstream in(format_status_table(job));
+  std::string header, line, titles, row;
+  std::getline(in, header);
+  std::getline(in, line);
+  std::getline(in, titles);
+  std::getline(in, row);
+  // The live node's 2 ranks: step 120 of 1000 at 212 ms a step, 2 x 3450 samples/s; 10 s of
+  // 100 lost to the restart; the losses averaged.
+  CHECK(line == "job  step 120/1000  6.9k samples/s  ETA 3m06s  goodput 90.0% (lost 10.00 s to "
+                "restarts)  loss 2.406 lr 0.001");
+  CHECK(titles.find("METRICS") != std::string::npos);
+  CHECK(row.find("loss=2.312 lr=0.001") != std::string::npos);
 }

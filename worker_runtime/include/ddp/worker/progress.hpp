@@ -18,16 +18,26 @@
 namespace ddp::worker {
 
 // A line is at most this long (well under PIPE_BUF, so a write of it is atomic).
-inline constexpr std::size_t kProgressLineMax = 160;
+inline constexpr std::size_t kProgressLineMax = 320;
 // An agent's line to the worker (take_line) is at most this long.
 inline constexpr std::size_t kControlLineMax = 1024;
 
-// Pure: "step=<step>[ phase=<phase>][ t=<s>.<us>][ samples=<n>][ total=<n>]\n" into buf
-// (kProgressLineMax bytes); returns its length. An empty phase or a negative unix_us, samples
-// or total leaves that part out; a phase longer than 32 characters is cut there.
+// A metric on a progress line (loss=2.31): its name (proto/metric_name.hpp) and value.
+struct LineMetric {
+  const char* name = nullptr;
+  double value = 0;
+};
+inline constexpr std::size_t kLineMetrics = 4;  // metrics one line carries (ddp-train's)
+
+// Pure: "step=<step>[ phase=<phase>][ t=<s>.<us>][ samples=<n>][ total=<n>][ <name>=<value>]...\n"
+// into buf (kProgressLineMax bytes); returns its length. An empty phase or a negative unix_us,
+// samples or total leaves that part out; a phase longer than 32 characters is cut there; a
+// metric whose name is not a metric name, longer than 32 bytes, or whose value is not finite is
+// left out; at most kLineMetrics metrics.
 std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view phase,
                                  std::int64_t unix_us, std::int64_t samples = -1,
-                                 std::int64_t total = -1);
+                                 std::int64_t total = -1, const LineMetric* metrics = nullptr,
+                                 std::size_t n_metrics = 0);
 
 // Pure: DDPRUN_PROGRESS_FD's text as a descriptor number (3 and up: 0-2 are the standard
 // streams), or nullopt with `why` naming the variable and what is wrong.
@@ -51,6 +61,10 @@ class ProgressWriter {
   // One line, stamped with CLOCK_REALTIME: one write(2). Never blocks, never throws. samples:
   // the samples this rank processed in the step (negative: not said).
   void report(std::int64_t step, std::string_view phase, std::int64_t samples = -1) noexcept;
+  // A metric for the next report()'s line (then forgotten): loss, lr, val_loss. `name` must
+  // outlive that call (a string literal). At most kLineMetrics wait; a name given again
+  // replaces its value.
+  void metric(const char* name, double value) noexcept;
   // A line of its own for the agent, once (not a step): "recover=in_place" declares that this
   // worker recovers in place from a peer's death (docs/worker_runtime.md, "In-place recovery").
   void declare(std::string_view key_value) noexcept;
@@ -68,6 +82,8 @@ class ProgressWriter {
  private:
   int fd_ = -1;
   std::int64_t total_ = -1;
+  LineMetric pending_[kLineMetrics];
+  std::size_t n_pending_ = 0;
   std::uint64_t written_ = 0;
   std::uint64_t dropped_ = 0;
   int control_fd_ = -1;

@@ -1,8 +1,9 @@
 // Progress from the workers, with no store traffic per step: each worker gets the write end of
 // a pipe of its own, named by DDPRUN_PROGRESS_FD, and writes one short line per step
-// ("step=<n> [phase=<word>] [t=<unix seconds>] [samples=<n>] [total=<n>]", or just "<n>");
-// ddp-train does so natively. samples: samples this rank processed in the step (for samples/s);
-// total: the steps the run will take (for the ETA).
+// ("step=<n> [phase=<word>] [t=<unix seconds>] [samples=<n>] [total=<n>] [<metric>=<number>]...",
+// or just "<n>"); ddp-train does so natively. samples: samples this rank processed in the step
+// (for samples/s); total: the steps the run will take (for the ETA); any other key=value is a
+// metric (loss=2.31 lr=3e-4 tokens_per_s=5120: proto/metric_name.hpp names what a key may be).
 // The agent reads the lines in its event loop and keeps, per local rank, the last step, when
 // it last changed, and the recent step durations (for stragglers). Writers never block (the
 // pipe is non-blocking; a full pipe drops the line, and every line carries the absolute step).
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <utility>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,7 +37,12 @@ struct ProgressLine {
   // "recover=elastic": in place, and it also regroups when its elastic job shrinks or grows
   // around it (the agent's regroup line; recover_in_place is set too).
   bool recover_regroup = false;
+  // The metrics on the line (at most kMaxLineMetrics), and those that were not: a value that is
+  // not a finite number, a bad name, or past kMaxLineMetrics.
+  std::vector<std::pair<std::string, double>> metrics;
+  int bad_metrics = 0;
 };
+inline constexpr std::size_t kMaxLineMetrics = 32;
 
 // One finished step of a rank on the wall clock, for the trace (status/trace).
 struct StepSpan {
@@ -47,7 +54,7 @@ inline constexpr std::size_t kTraceSteps = 4096;  // step spans kept per rank (t
 
 // One line without its newline. nullopt for a line that is not progress (ignored, counted).
 // A trailing '\r' and blanks around the line are ignored; keys other than step, phase and t are
-// ignored (room to grow); a step must be a non-negative 64-bit integer, t a finite number >= 0.
+// metrics (bad ones counted on the line, which still counts); a step must be a non-negative 64-bit integer, t a finite number >= 0.
 std::optional<ProgressLine> parse_progress_line(std::string_view line);
 
 inline constexpr std::size_t kStepHistory = 16;  // step durations kept per rank
@@ -79,6 +86,16 @@ struct RankProgress {
   bool regroups = false;           // declared "recover=elastic"
   double first_step_unix = -1;     // wall clock of the first step line (a replacement's heal)
   double healed_unix = -1;         // wall clock of the first line after a phase=heal line
+  // The latest value of each metric (at most ddp::kMaxRankMetrics names; a new name past that
+  // is dropped and counted in bad_metrics), the step and the ordinal of the line that set it.
+  struct Metric {
+    double value = 0;
+    std::int64_t step = 0;
+    std::uint64_t line = 0;
+  };
+  std::map<std::string, Metric> metrics;
+  std::uint64_t metric_lines = 0;  // lines that carried a metric
+  std::uint64_t bad_metrics = 0;
 };
 
 // The per-worker pipes of one round.

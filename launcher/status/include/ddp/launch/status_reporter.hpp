@@ -23,6 +23,7 @@
 #include "ddp/launch/trace.hpp"
 #include "ddp/rdzv/client.hpp"
 #include "ddp/rdzv/server.hpp"
+#include "ddp/status/metric_history.hpp"
 #include "ddp/status/record.hpp"
 
 namespace ddp::status {
@@ -101,6 +102,7 @@ class StatusReporter {
   void finish(const std::string& state, int exit_code);
 
   status::NodeStatus snapshot() const;
+  std::size_t history_bytes() const;  // the metric histories' memory (bounded: docs/status.md)
   int http_port() const;  // -1 when off
 
  private:
@@ -109,8 +111,16 @@ class StatusReporter {
     std::int64_t seen_last = -1;  // the last step copied from this round's progress
   };
   static constexpr std::size_t kMaxTracePhases = 4096;
+  // A local rank's metrics over the whole job (restarts included), and how far this round's
+  // progress has been taken into it.
+  struct RankMetrics {
+    status::MetricHistory history{status::kHistoryPoints, kMaxRankMetrics + 1};  // + samples/s
+    std::uint64_t seen_line = 0;
+    std::int64_t seen_step = -1;
+  };
 
   void run();
+  void take_metrics(status::RankStatus& r, const RankProgress& p);
   void sample_and_publish();
   void draw_progress(const status::NodeStatus& copy, double now);
   void write_trace(const status::JobStatus& job);
@@ -122,6 +132,7 @@ class StatusReporter {
   status::NodeStatus node_;
   std::vector<status::Phase> all_phases_;  // every phase for the trace (the record keeps fewer)
   std::map<int, RankTrace> steps_;         // by local rank, for the trace
+  std::map<int, RankMetrics> metrics_;     // by local rank
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;

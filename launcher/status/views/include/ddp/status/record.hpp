@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/status/metric_history.hpp"
+
 namespace ddp::status {
 
 inline constexpr int kSchemaVersion = 1;
@@ -36,6 +38,11 @@ struct RankStatus {
   std::optional<double> gpu_util;  // 0..1, from NVML when loadable
   std::optional<std::uint64_t> gpu_mem_used;
   std::optional<std::uint64_t> gpu_mem_total;
+  // The latest value of every metric the worker reports on its progress line (loss=, lr=, ...;
+  // samples_per_s when it reports samples=), at most kMaxRankMetrics; the metric values it sent
+  // that were not numbers or had bad names, or came past kMaxRankMetrics.
+  std::map<std::string, double> metrics;
+  std::uint64_t bad_metrics = 0;
 };
 
 // A launcher phase of this node (rendezvous, spawn, run, restart, stop), wall clock.
@@ -92,6 +99,9 @@ struct NodeStatus {
   int heals = 0;
   double heal_s = 0;
   std::string last_heal;  // "rank 1: Signal 9 (SIGKILL), healed in 0.8 s"
+  // The node's metrics over the run (metric_history.hpp's combine of its ranks' histories): at
+  // most kRecordPoints points per metric.
+  Series history;
   // Set by readers, not published: the record is older than 3 intervals + 2 s and not final.
   bool lost = false;
 };
@@ -110,15 +120,31 @@ struct JobStatus {
   int ranks = 0;
   int restarts = 0;   // the highest restart_count of any node
   std::string state;  // running, rendezvous, restarting, succeeded, failed, stopped, mixed
+  // The job as a whole (fill_derived, job_summary.cpp), over the current round's live ranks:
+  // the step of the slowest (-1: none reported), of total_steps; the summed samples/s and
+  // throughput metrics; the mean of every other metric; the ETA at the median step time (-1:
+  // unknown); the wall time since the first agent started, the part of it lost to restarts
+  // (rendezvous after the first, restarts, heals) and the rest's share (goodput).
+  std::int64_t step = -1;
+  std::int64_t total_steps = -1;
+  double samples_per_s = 0;
+  std::map<std::string, double> metrics;
+  double eta_s = -1;
+  double wall_s = 0;
+  double lost_s = 0;
+  double goodput = 1;
 };
+void fill_summary(JobStatus& job);  // the fields above, from the nodes
 
 bool final_state(const std::string& node_state);  // succeeded, failed, stopped
 // Marks lost nodes (at `now_unix`) and fills JobStatus's derived fields.
 void fill_derived(JobStatus& job);
 
+std::string to_json(const Series& s);                // {"loss": [[step, time, value], ...]}
 std::string to_json(const NodeStatus& n);            // compact; a few hundred bytes per rank
 NodeStatus node_from_json(const std::string& text);  // throws ddp::ProtocolError naming the field
-std::string to_json(const JobStatus& j, int indent = -1);
+// history false: the nodes' histories left out (/api/status; /api/history has them).
+std::string to_json(const JobStatus& j, int indent = -1, bool history = true);
 JobStatus job_from_json(const std::string& text);  // throws ddp::ProtocolError
 
 }  // namespace ddp::status

@@ -1,7 +1,9 @@
 // What the status HTTP endpoints answer, shared by ddprund and the agents:
 //   /             the live page (page.hpp)
 //   /api/status   the job as JSON (record.hpp's schema); ?run=ID, else the default run
+//   /api/history  the metric curves (history_export.hpp): ?format=json|csv|jsonl, ?scope=
 //   /api/runs     {"runs": [...]} the runs the store has seen
+//   /page_*.js    the page's scripts
 //   /metrics      Prometheus text (metrics.hpp)
 // The views read the store through a client of their own, used only on the HTTP thread.
 #pragma once
@@ -55,7 +57,10 @@ class StatusViews {
   HttpResponse handle(const HttpRequest& request);
 
  private:
+  // The run the query names (or the default) into `job`; an error answer when there is none.
+  std::optional<HttpResponse> read_run(const HttpRequest& request, JobStatus& job);
   HttpResponse api_status(const HttpRequest& request);
+  HttpResponse api_history(const HttpRequest& request);
   HttpResponse api_runs();
   HttpResponse metrics();
   // Runs f on the store, connecting first when there is no client. On a ddp::Error the client
