@@ -233,10 +233,14 @@ void StatusReporter::progress(const std::map<int, RankProgress>& ranks) {
     r.step = p.step;
     // Wall time per step (the interval between steps), not the compute phase that the
     // straggler check times: what a user means by step time and samples/s.
+    // A span runs from one step line to the next: lines read together (no t=) are one span of
+    // several steps, its time shared among them.
     std::vector<double> walls;
     for (std::size_t i = p.spans.size() > kStepHistory ? p.spans.size() - kStepHistory : 0;
          i < p.spans.size(); ++i) {
-      walls.push_back(p.spans[i].end_unix - p.spans[i].start_unix);
+      const std::int64_t next = i + 1 < p.spans.size() ? p.spans[i + 1].step : p.step;
+      const auto steps = static_cast<double>(std::max<std::int64_t>(1, next - p.spans[i].step));
+      walls.push_back((p.spans[i].end_unix - p.spans[i].start_unix) / steps);
     }
     r.step_time_s = walls.empty() ? lower_median(p.step_s) : lower_median(walls);
     r.total_steps = p.total_steps;

@@ -33,7 +33,8 @@ from ddp_train_helpers import (DDPRUN, FMNIST, TRAIN, clean_env, needs_ddp_train
 
 pytestmark = needs_ddp_train
 
-LINE = re.compile(r"step=(\d+) phase=([a-z]+) t=(\d+\.\d{6})(?: samples=\d+)?(?: total=\d+)?")
+LINE = re.compile(r"step=(\d+) phase=([a-z]+) t=(\d+\.\d{6})(?: samples=\d+)?(?: total=\d+)?"
+                  r"(?: (?:loss|lr|val_loss|tokens_per_s)=-?[0-9.e+-]+)*")
 # Each worker takes the pipe named PROGRESS_FD_<its LOCAL_RANK>.
 WRAPPER = 'eval "export DDPRUN_PROGRESS_FD=\\$PROGRESS_FD_$LOCAL_RANK"; exec "$0" "$@"'
 SYNTHETIC = ["--dataset", "synthetic", "--threads", "1", "--no-eval"]

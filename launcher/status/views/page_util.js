@@ -41,7 +41,12 @@
     const d = new Date(unix * 1000);
     return pad(d.getHours()) + ':' + pad(d.getMinutes()) + ':' + pad(d.getSeconds());
   }
-  function fmtRate(x) { return num(x) && x > 0 ? (x >= 100 ? x.toFixed(0) : x.toFixed(1)) + '/s' : '–'; }
+  function fmtRate(x) {
+    if (!num(x) || x <= 0) return '–';
+    if (x >= 1e6) return (x / 1e6).toFixed(2) + 'M/s';
+    if (x >= 1e4) return (x / 1e3).toFixed(1) + 'k/s';
+    return (x >= 100 ? x.toFixed(0) : x.toFixed(1)) + '/s';
+  }
   // A metric's value: 4 significant digits, exponent form when very small or large.
   function fmtValue(v) {
     if (!num(v)) return '–';
