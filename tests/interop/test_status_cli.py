@@ -170,14 +170,17 @@ def test_json_validates_and_says_what_was_written(job):
     a, b = doc["nodes"]
     for got, wrote in zip(a["ranks"], nodes[0]["ranks"]):
         # Records written without metrics (an agent before issue 36) read as none reported.
+        got = dict(got)
         assert (got.pop("metrics"), got.pop("bad_metrics")) == ({}, 0)
         assert got == wrote
     assert [r["state"] for r in b["ranks"]] == ["lost", "lost"]
     assert [r["pid"] for r in b["ranks"]] == [52001, 52002]
     for k in ("restarts", "failures_by_cause", "phases", "agent_pid", "seq", "updated"):
         assert a[k] == nodes[0][k], k
-    assert status_json(port, f"--run-id={run}") == {**doc, "now": pytest.approx(doc["now"],
-                                                                                abs=30)}
+    assert status_json(port, f"--run-id={run}") == {
+        **doc, "now": pytest.approx(doc["now"], abs=30),
+        "wall_s": pytest.approx(doc["wall_s"], abs=30), "eta_s": pytest.approx(doc["eta_s"]),
+        "goodput": pytest.approx(doc["goodput"], abs=0.1)}
 
 
 def test_schema_rejects_what_is_not_a_status():
