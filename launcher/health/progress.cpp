@@ -119,7 +119,20 @@ std::optional<ProgressLine> parse_progress_line(std::string_view line) {
                v && ddp::metric_name_ok(key) && out.metrics.size() < kMaxLineMetrics) {
       out.metrics.emplace_back(std::string(key), *v);
     } else {
-      ++out.bad_metrics;  // the line still counts: its step is what the agent lives on
+      // The line still counts: its step is what the agent lives on. The first bad one is
+      // named (cut, printable), the rest counted.
+      if (out.bad_metrics++ == 0) {
+        std::string shown(token.substr(0, 64));
+        for (char& c : shown) {
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+        }
+        out.bad_metric = "'" + shown + (token.size() > 64 ? "...'" : "'") +
+                         (!ddp::metric_name_ok(key) ? ": not a metric name ([A-Za-z_][A-Za-z0-9_.-]*, "
+                                                      "at most 48 bytes)"
+                          : !v ? ": not a finite number"
+                               : ": more than " + std::to_string(kMaxLineMetrics) +
+                                     " metrics on one line");
+      }
     }
   }
   if (!have_step && !out.recover_in_place && !out.recover_restart) return std::nullopt;
@@ -163,12 +176,16 @@ void ProgressReader::apply(RankProgress& r, const ProgressLine& line, SteadyTime
   }
   if (line.step < 0) return;  // a declaration, not a step
   r.bad_metrics += static_cast<std::uint64_t>(line.bad_metrics);
+  if (r.bad_metric.empty()) r.bad_metric = line.bad_metric;
   if (!line.metrics.empty()) ++r.metric_lines;
   for (const auto& [key, value] : line.metrics) {
     auto it = r.metrics.find(key);
     if (it == r.metrics.end()) {
       if (r.metrics.size() >= ddp::kMaxRankMetrics) {
-        ++r.bad_metrics;
+        if (r.bad_metrics++ == 0 || r.bad_metric.empty()) {
+          r.bad_metric = "'" + key + "': more than " + std::to_string(ddp::kMaxRankMetrics) +
+                         " metric names from one worker";
+        }
         continue;
       }
       it = r.metrics.emplace(key, RankProgress::Metric{}).first;
@@ -332,6 +349,7 @@ void ProgressReader::on_readable(int fd, SteadyTime now) {
         // an earlier one goes on with it (and its bad metrics are counted).
         if (untimed) {
           line->bad_metrics += untimed->bad_metrics;
+          if (!untimed->bad_metric.empty()) line->bad_metric = untimed->bad_metric;  // the first
           for (auto& m : untimed->metrics) {
             const bool has = std::any_of(line->metrics.begin(), line->metrics.end(),
                                          [&](const auto& n) { return n.first == m.first; });

@@ -194,6 +194,7 @@ void StatusReporter::workers_started(const std::vector<RankStart>& ranks) {
   for (auto& [lr, m] : metrics_) {
     m.seen_line = 0;
     m.seen_step = -1;
+    m.told = false;
   }
 }
 
@@ -271,6 +272,13 @@ void StatusReporter::take_metrics(status::RankStatus& r, const RankProgress& p) 
     if (v.line > m.seen_line) m.history.add(key, v.step, now, v.value);
   }
   r.bad_metrics = p.bad_metrics;
+  if (!m.told && !p.bad_metric.empty()) {
+    m.told = true;
+    std::fprintf(stderr,
+                 "ddprun: local rank %d: progress metric %s; dropped (the rest are counted: "
+                 "ddprun_rank_bad_metrics_total)\n",
+                 r.local_rank, p.bad_metric.c_str());
+  }
   m.seen_line = p.metric_lines;
   if (p.step != m.seen_step && r.samples_per_s > 0) {
     m.history.add("samples_per_s", p.step, now, r.samples_per_s);

@@ -171,3 +171,46 @@ def test_status_off_publishes_nothing_and_progress_off_prints_no_summary(tmp_pat
                        env=dict(os.environ, PYTHON_EXEC=sys.executable))
     assert p.returncode == 0, p.stderr
     assert "summary of run" in p.stderr and "succeeded" in p.stderr, p.stderr
+
+
+# A worker whose progress lines carry every kind of bad metric (issue 36): a word, infinity, a
+# bad name, 5000 keys on one line (cut at the line's bound), 40 names over its lines (16 kept),
+# and a line of 100 kB (dropped whole). Its steps still count.
+BAD_METRICS_WORKER = textwrap.dedent("""
+    import os
+    fd = int(os.environ["DDPRUN_PROGRESS_FD"])
+    def put(line):
+        os.write(fd, (line + "\\n").encode())
+    put("step=1 loss=abc")
+    put("step=2 lr=inf 9bad=1 ok=1.5")
+    put("step=3 " + " ".join(f"k{i}=1" for i in range(5000))[:3900])
+    for i in range(40):
+        put(f"step={4 + i} m{i}={i}")
+    put("step=44 " + "x" * 100000)
+    put("step=45 loss=0.25")
+    import time; time.sleep(2)
+""")
+
+
+def test_bad_metrics_are_bounded_and_named(tmp_path):
+    script = tmp_path / "bad_metrics.py"
+    script.write_text(BAD_METRICS_WORKER)
+    port = free_port()
+    run_id = "bad-metrics-" + uuid.uuid4().hex[:6]
+    from ddprun_multinode_helpers import popen_retry
+    import subprocess
+    p = popen_retry([DDPRUN, "--standalone", "--nproc-per-node=1", f"--rdzv-id={run_id}",
+                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--status-interval=0.2",
+                     "--progress=off", sys.executable, str(script)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        pytest.fail(f"the job did not end:\n{out}{err}")
+    assert p.returncode == 0, err
+    # Named once, with why; the rest only counted.
+    named = [l for l in err.splitlines() if "progress metric" in l]
+    assert named == ["ddprun: local rank 0: progress metric 'loss=abc': not a finite number; "
+                     "dropped (the rest are counted: ddprun_rank_bad_metrics_total)"], err

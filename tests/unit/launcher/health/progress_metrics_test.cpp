@@ -22,6 +22,11 @@ TEST_CASE("progress metrics: numbers kept, the rest counted, the line still coun
   CHECK(l->metrics[2].second == -0.25);
   CHECK(l->metrics[3].second == 1);
   CHECK(l->bad_metrics == 3);  // a word, inf, a name starting with a digit
+  CHECK(l->bad_metric == "'x=abc': not a finite number");  // the first, named
+  CHECK(parse_progress_line("step=1 9z=1")->bad_metric ==
+        "'9z=1': not a metric name ([A-Za-z_][A-Za-z0-9_.-]*, at most 48 bytes)");
+  CHECK(parse_progress_line("step=1 bell=\x07" + std::string(100, 'x'))->bad_metric ==
+        "'bell=?" + std::string(58, 'x') + "...': not a finite number");
   std::string many = "step=1";
   for (int i = 0; i < 40; ++i) many += " m" + std::to_string(i) + "=1";
   const auto m = parse_progress_line(many);
@@ -45,6 +50,7 @@ TEST_CASE("progress metrics: a rank keeps at most kMaxRankMetrics names", "[prog
   ProgressReader::apply(r, l, SteadyTime{});
   CHECK(r.metrics.size() == ddp::kMaxRankMetrics);
   CHECK(r.bad_metrics == 2 + 3);
+  CHECK(r.bad_metric == "'m16': more than 16 metric names from one worker");
   CHECK(r.metric_lines == 1);
   CHECK(r.metrics.at("m0").line == 1);
   CHECK(r.metrics.at("m0").step == 1);

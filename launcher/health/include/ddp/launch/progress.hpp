@@ -41,6 +41,7 @@ struct ProgressLine {
   // not a finite number, a bad name, or past kMaxLineMetrics.
   std::vector<std::pair<std::string, double>> metrics;
   int bad_metrics = 0;
+  std::string bad_metric;  // the first bad one and why: "'loss=abc': not a finite number"
 };
 inline constexpr std::size_t kMaxLineMetrics = 32;
 
@@ -96,6 +97,7 @@ struct RankProgress {
   std::map<std::string, Metric> metrics;
   std::uint64_t metric_lines = 0;  // lines that carried a metric
   std::uint64_t bad_metrics = 0;
+  std::string bad_metric;  // the first bad one of this worker and why (ProgressLine's)
 };
 
 // The per-worker pipes of one round.

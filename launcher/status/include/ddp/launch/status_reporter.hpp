@@ -117,6 +117,7 @@ class StatusReporter {
     status::MetricHistory history{status::kHistoryPoints, kMaxRankMetrics + 1};  // + samples/s
     std::uint64_t seen_line = 0;
     std::int64_t seen_step = -1;
+    bool told = false;  // its worker's first bad metric was printed (once a round)
   };
 
   void run();
