@@ -110,8 +110,14 @@ def timing(xs):
 
 # ------------------------------------------------------------------ (b) the 1024-node job
 
-def node_record(run_id, slot, nodes, seq, now):
-    """One agent's record as record.cpp's to_json writes it: 4 ranks on 4 GPUs, running."""
+METRICS = True  # --no-metrics: records as agents before issue 36 wrote them
+
+
+def node_record(run_id, slot, nodes, seq, now, metrics=None, interval=1.0):
+    """One agent's record as record.cpp's to_json writes it: 4 ranks on 4 GPUs, running; with
+    metrics (issue 36), each rank's loss, lr and tokens/s (the node's history of them has a
+    key of its own: history_json)."""
+    metrics = METRICS if metrics is None else metrics
     ranks = []
     for lr in range(4):
         ranks.append({
@@ -123,13 +129,16 @@ def node_record(run_id, slot, nodes, seq, now):
             "samples_per_s": 518.7, "total_steps": 100000, "cpu": 0.98,
             "rss_bytes": 2_345_678_848 + lr * 4096, "gpu": lr, "gpu_util": 0.93,
             "gpu_mem_used": 61 * GIB + lr * 1_048_576, "gpu_mem_total": 80 * GIB})
+        if metrics:
+            ranks[-1].update({"metrics": {"loss": 2.3456789 - 0.0001 * seq, "lr": 0.0003,
+                                          "tokens_per_s": 52345.678}, "bad_metrics": 0})
     t0 = now - 3600
     return json.dumps({
         "schema": 1, "run_id": run_id, "job_id": "4242", "host": f"gpu-node-{slot:04d}",
         "slot": slot, "agent_pid": 50000 + slot, "state": "running", "round": 1,
         "group_rank": slot, "group_world_size": nodes, "world_size": nodes * 4,
         "restart_count": 1, "max_restarts": 3, "started": t0, "updated": now,
-        "interval_s": 1.0, "seq": seq, "lost": False, "ranks": ranks,
+        "interval_s": interval, "seq": seq, "lost": False, "ranks": ranks,
         "restarts": [{"round": 1, "at": t0 + 600, "cause": "node_lost",
                       "what": "node gpu-node-0097 stopped renewing its lease"}],
         "failures_by_cause": {"node_lost": 1},
@@ -138,6 +147,20 @@ def node_record(run_id, slot, nodes, seq, now):
                    {"name": "restart", "start": t0 + 600, "end": t0 + 604, "detail": "node_lost"},
                    {"name": "run", "start": t0 + 604, "end": 0, "detail": "round 1"}]},
         separators=(",", ":"))
+
+
+_HISTORY = {}
+
+
+def history_json(t0):
+    """A node's history at its bound (4 metrics x 64 points), as an agent SETs it under
+    <run>/history/<slot> every 5th publication; made once (the publishers send a thousand
+    records a second from Python)."""
+    if not _HISTORY:
+        _HISTORY["json"] = json.dumps(
+            {k: [[s * 50, round(t0 + s * 56.25, 3), round(2.5 - s * 0.0123, 6)] for s in range(64)]
+             for k in ("loss", "lr", "tokens_per_s", "samples_per_s")}, separators=(",", ":"))
+    return _HISTORY["json"]
 
 
 class RawStore:
@@ -184,6 +207,8 @@ def publisher_main(port, run_id, first, count, nodes):
         seq += 1
         for i, c in enumerate(clients):
             slot = first + i
+            if METRICS and seq % 5 == 0:  # as an agent: its history every 5th publication
+                c.set(f"{KEYS}{run_id}/history/{slot}", history_json(time.time() - 3600))
             c.set(f"{KEYS}{run_id}/node/{slot}",
                   node_record(run_id, slot, nodes, seq, time.time()))
             sets += 1
@@ -195,13 +220,14 @@ def publisher_main(port, run_id, first, count, nodes):
 
 def measure_views(bin_dir, d, run_id, nodes, requests, cli_runs):
     out = {}
-    for path in ("/api/status", f"/api/status?run={run_id}", "/metrics"):
+    for path in ("/api/status", f"/api/status?run={run_id}", "/metrics",
+                 f"/api/history?run={run_id}", f"/api/history?run={run_id}&format=csv"):
         times = []
         for i in range(requests):
             dt, code, body = http_get(d.http_port, path)
             if code != 200:
                 raise SystemExit(f"status_bench: GET {path} answered {code}: {body[:300]!r}")
-            if i == 0 and path.startswith("/api/status"):
+            if i == 0 and path.startswith("/api/status") and "history" not in path:
                 job = json.loads(body)
                 if len(job["nodes"]) != nodes or job["ranks"] != 4 * nodes:
                     raise SystemExit(f"status_bench: {path} shows {len(job['nodes'])} nodes, "
@@ -228,13 +254,20 @@ def simulated_job(bin_dir, work, nodes, requests, procs=4):
         w = RawStore(d.port)
         now = time.time()
         for slot in range(nodes):
-            w.set(f"{KEYS}{run_id}/node/{slot}", node_record(run_id, slot, nodes, 1, now))
+            # At rest nobody re-publishes: an interval of an hour keeps the nodes from being
+            # marked lost while the requests take their time.
+            if METRICS:
+                w.set(f"{KEYS}{run_id}/history/{slot}", history_json(now - 3600))
+            w.set(f"{KEYS}{run_id}/node/{slot}",
+                  node_record(run_id, slot, nodes, 1, now, interval=3600.0))
         w.add(f"{KEYS}{run_id}/slots", nodes)
         w.set(f"{KEYS}{run_id}/index", "".join(f"{s}," for s in range(nodes)))
         w.append(KEYS + "runs", run_id + "\n")
         w.add(f"{KEYS}{run_id}/slots", 0)  # a reply: everything before it landed
         res = {"nodes": nodes, "ranks": 4 * nodes,
-               "record_bytes": len(node_record(run_id, 0, nodes, 1, now))}
+               "record_bytes": len(node_record(run_id, 0, nodes, 1, now)),
+               "history_bytes": len(history_json(now - 3600)),
+               "record_bytes_without_metrics": len(node_record(run_id, 0, nodes, 1, now, False))}
         res["at_rest"] = measure_views(bin_dir, d, run_id, nodes, requests, 10)
         # Live: every simulated agent re-publishes its record each second while we measure.
         per = (nodes + procs - 1) // procs
@@ -243,7 +276,7 @@ def simulated_job(bin_dir, work, nodes, requests, procs=4):
             first, count = k * per, min(per, nodes - k * per)
             pubs.append(subprocess.Popen(
                 [sys.executable, __file__, "--publisher", str(d.port), run_id, str(first),
-                 str(count), str(nodes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 str(count), str(nodes), "1" if METRICS else "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 text=True, start_new_session=True, env=env_clean()))
         for p in pubs:
             if p.stdout.readline().strip() != "ready":
@@ -472,6 +505,10 @@ def table(res):
                     rows.append((f"{s['nodes']} nodes {phase}: {what}{size}",
                                  f"{t['median_ms']} ms (p95 {t['p95_ms']})",
                                  f"{t['median_ms'] / 100:.3f} x 100 ms"))
+        rows.append(("a node's record with / without metrics; its history",
+                     f"{s['record_bytes']} / {s['record_bytes_without_metrics']}; "
+                     f"{s['history_bytes']} B",
+                     f"{s['record_bytes'] / s['record_bytes_without_metrics']:.2f} x"))
         rows.append((f"{s['nodes']} nodes live: records published",
                      f"{s['live']['publish_sets_per_s']}/s", f"wanted {s['nodes']}/s"))
     w = max(len(r[0]) for r in rows)
@@ -479,8 +516,10 @@ def table(res):
 
 
 def main():
+    global METRICS
     if len(sys.argv) > 1 and sys.argv[1] == "--publisher":
         a = sys.argv[2:]
+        METRICS = a[5] == "1"
         publisher_main(int(a[0]), a[1], int(a[2]), int(a[3]), int(a[4]))
         return
     ap = argparse.ArgumentParser()
@@ -490,8 +529,11 @@ def main():
     ap.add_argument("--nodes", type=int, default=1024)
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--only", choices=("a", "b"))
+    ap.add_argument("--no-metrics", action="store_true",
+                    help="(b) records without metrics or histories, as before issue 36")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/status_bench.json"))
     a = ap.parse_args()
+    METRICS = not a.no_metrics
     work = tempfile.mkdtemp(prefix="status-bench-")
     res = {"machine": f"{os.cpu_count()} cores", "started": time.strftime("%F %T")}
     if a.only != "a":

@@ -363,6 +363,8 @@ void StatusReporter::sample_and_publish() {
     std::vector<const status::Series*> sources;
     for (const auto& sr : per_rank) sources.push_back(&sr);
     node_.history = status::combine(sources, status::kRecordPoints);
+    node_.history_bytes = 0;
+    for (const auto& [lr, m] : metrics_) node_.history_bytes += m.history.bytes();
     if (away_since_ > 0) {  // the current outage goes on
       node_.store_away_s = std::max(0.0, now - away_since_);
       node_.store_outage_s = outages_ended_s_ + node_.store_away_s;

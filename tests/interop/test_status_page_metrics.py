@@ -199,7 +199,7 @@ def big_job(run_id, now, nodes=1024, per_node=8):
                      "restart_count": 0, "max_restarts": 3, "started": now - 120, "updated": now,
                      "interval_s": 60, "seq": 1, "ranks": ranks, "restarts": [],
                      "failures_by_cause": {}, "phases": [], "history": hist})
-    return recs
+    return recs  # an agent SETs "history" under <run>/history/<slot> (job_view.hpp)
 
 
 def test_8192_ranks_in_the_compact_view(browser, tmp_path):  # noqa: F811
@@ -214,6 +214,7 @@ def test_8192_ranks_in_the_compact_view(browser, tmp_path):  # noqa: F811
             s = d.TCPStore("127.0.0.1", {d.port}, is_master=False, use_libuv=False)
             run = {run_id!r}
             for r in json.load(open({str(path)!r})):
+                s.set(f"ddprun/status/{{run}}/history/{{r['slot']}}", json.dumps(r.pop("history")))
                 s.set(f"ddprun/status/{{run}}/node/{{r['slot']}}", json.dumps(r))
             s.set(f"ddprun/status/{{run}}/index", ",".join(str(i) for i in range({len(recs)})) + ",")
             s.append("ddprun/status/runs", run + "\\n")

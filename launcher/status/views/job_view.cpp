@@ -20,6 +20,9 @@ std::string runs_key() { return kRoot + "runs"; }
 std::string node_key(const std::string& run_id, int slot) {
   return run_prefix(run_id) + "node/" + std::to_string(slot);
 }
+std::string history_key(const std::string& run_id, int slot) {
+  return run_prefix(run_id) + "history/" + std::to_string(slot);
+}
 std::string trace_key(const std::string& run_id, int slot) {
   return run_prefix(run_id) + "trace/" + std::to_string(slot);
 }
@@ -32,14 +35,14 @@ double unix_now() {
 void join(rdzv::Store& store, NodeStatus& n) {
   const std::int64_t taken = store.add(run_prefix(n.run_id) + "slots", 1);
   n.slot = static_cast<int>(taken - 1);
-  publish(store, n, unix_now());
+  publish(store, n, unix_now(), true);
   store.append(run_prefix(n.run_id) + "index", std::to_string(n.slot) + ",");
   if (n.slot == 0) store.append(runs_key(), n.run_id + "\n");
 }
 
 void rejoin(rdzv::Store& store, NodeStatus& n) {
   const bool kept = store.check({node_key(n.run_id, n.slot)});
-  publish(store, n, unix_now());
+  publish(store, n, unix_now(), true);
   if (kept) return;
   // The store came back empty: this slot is taken again, for readers and for later agents.
   rdzv::raise_counter(store, run_prefix(n.run_id) + "slots", n.slot + 1);
@@ -47,10 +50,14 @@ void rejoin(rdzv::Store& store, NodeStatus& n) {
   if (n.slot == 0) store.append(runs_key(), n.run_id + "\n");
 }
 
-void publish(rdzv::Store& store, NodeStatus& n, double now_unix) {
+void publish(rdzv::Store& store, NodeStatus& n, double now_unix, bool history) {
   ++n.seq;
   n.updated_unix = now_unix;
-  store.set(node_key(n.run_id, n.slot), to_json(n));
+  // The history first: a reader that finds the record finds its history too.
+  if (history || n.seq % kHistoryEvery == 0 || final_state(n.state)) {
+    store.set(history_key(n.run_id, n.slot), to_json(n.history));
+  }
+  store.set(node_key(n.run_id, n.slot), to_json(n, false));
 }
 
 std::vector<int> parse_index(const std::string& text) {
@@ -88,7 +95,43 @@ std::vector<std::string> parse_runs(const std::string& text, std::size_t max) {
   return out;
 }
 
-JobStatus read_job(rdzv::Store& store, const std::string& run_id, double now_unix) {
+namespace {
+
+// The nodes' histories, for the nodes read: one CHECK of them all and one MULTI_GET (an agent
+// from before issue 36 writes none: then one CHECK each, since a GET of a missing key waits).
+void read_histories(rdzv::Store& store, JobStatus& job) {
+  std::vector<std::string> keys;
+  std::vector<NodeStatus*> owners;
+  for (auto& n : job.nodes) {
+    keys.push_back(history_key(job.run_id, n.slot));
+    owners.push_back(&n);
+  }
+  if (!keys.empty() && !store.check(keys)) {  // not all there: one CHECK each
+    std::vector<std::string> there;
+    std::vector<NodeStatus*> theirs;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (!store.check({keys[i]})) continue;
+      there.push_back(keys[i]);
+      theirs.push_back(owners[i]);
+    }
+    keys = std::move(there);
+    owners = std::move(theirs);
+  }
+  if (keys.empty()) return;
+  const auto values = store.multi_get(keys);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    try {
+      owners[i]->history = series_from_json(values[i]);
+    } catch (const ProtocolError&) {
+      // A history this reader cannot read is left out, as a record would be.
+    }
+  }
+}
+
+}  // namespace
+
+JobStatus read_job(rdzv::Store& store, const std::string& run_id, double now_unix,
+                   bool history) {
   JobStatus job;
   job.run_id = run_id;
   job.now_unix = now_unix;
@@ -100,11 +143,12 @@ JobStatus read_job(rdzv::Store& store, const std::string& run_id, double now_uni
       const auto values = store.multi_get(keys);  // every indexed record exists (set first)
       for (const auto& v : values) {
         try {
-          job.nodes.push_back(node_from_json(v));
+          job.nodes.push_back(node_from_json(v, false));
         } catch (const ProtocolError&) {
           // A record this reader cannot read (a newer schema, say) is left out, not fatal.
         }
       }
+      if (history) read_histories(store, job);
     }
   }
   fill_derived(job);

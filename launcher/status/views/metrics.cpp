@@ -157,6 +157,11 @@ void render_nodes(std::string& out, const std::vector<JobView>& jobs) {
            [](Family& f, const NodeView& n) {
              if (n.n->updated_unix > 0) f.sample(n.labels, n.n->updated_unix);
            });
+  per_node("ddprun_node_history_bytes", "gauge",
+           "Memory the agent's metric histories take (bounded: 17 series x 512 points a rank).",
+           [](Family& f, const NodeView& n) {
+             if (n.n->history_bytes > 0) f.sample(n.labels, n.n->history_bytes);
+           });
 }
 
 void render_ranks(std::string& out, const std::vector<JobView>& jobs) {

@@ -90,7 +90,8 @@ json node_json(const NodeStatus& n, bool history) {
             {"store_away_s", n.store_away_s},
             {"heals", n.heals},
             {"heal_s", n.heal_s},
-            {"last_heal", n.last_heal}};
+            {"last_heal", n.last_heal},
+            {"history_bytes", n.history_bytes}};
   if (history) j["history"] = series_json(n.history);
   return j;
 }
@@ -220,6 +221,7 @@ NodeStatus node_from(const json& j, const std::string& p) {
     }
   }
   if (auto it = j.find("history"); it != j.end()) n.history = series_from(*it, p + ".history");
+  n.history_bytes = opt<std::uint64_t>(j, "history_bytes", p).value_or(0);
   const json& ranks = arr(j, "ranks", p);
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     n.ranks.push_back(rank_from(ranks[i], p + ".ranks[" + std::to_string(i) + "]"));
@@ -295,12 +297,20 @@ std::string to_json(const Series& s) {
   return series_json(s).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string to_json(const NodeStatus& n) {
-  return node_json(n, true).dump(-1, ' ', false, json::error_handler_t::replace);
+Series series_from_json(const std::string& text) {
+  return series_from(parse(text, "metric history"), "history");
 }
 
-NodeStatus node_from_json(const std::string& text) {
-  return node_from(parse(text, "status record"), "node");
+std::string to_json(const NodeStatus& n, bool history) {
+  return node_json(n, history).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+NodeStatus node_from_json(const std::string& text, bool history) {
+  // Published records carry no history (job_view.hpp: it has a key of its own); one that does
+  // (an agent's local view, a test's record) keeps it unless the reader does not want it.
+  NodeStatus n = node_from(parse(text, "status record"), "node");
+  if (!history) n.history.clear();
+  return n;
 }
 
 std::string to_json(const JobStatus& job, int indent, bool history) {

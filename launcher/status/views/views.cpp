@@ -142,7 +142,8 @@ JobStatus StatusViews::local_job() {
   return job;
 }
 
-std::optional<HttpResponse> StatusViews::read_run(const HttpRequest& request, JobStatus& job) {
+std::optional<HttpResponse> StatusViews::read_run(const HttpRequest& request, JobStatus& job,
+                                                  bool history) {
   const QueryParam run = query_param(request.query, "run");
   if (!run.error.empty()) return json_error(400, "bad query parameter " + run.error);
   const bool agent = static_cast<bool>(s_.local_node);
@@ -158,7 +159,7 @@ std::optional<HttpResponse> StatusViews::read_run(const HttpRequest& request, Jo
       if (runs.empty()) return;
       id = runs.back();
     }
-    job = read_job(store, id, unix_now());
+    job = read_job(store, id, unix_now(), history);
   });
   // An agent always knows its own node, whatever the store says.
   if (agent && id == own_run && (!reached || job.nodes.empty())) job = local_job();
@@ -169,12 +170,12 @@ std::optional<HttpResponse> StatusViews::read_run(const HttpRequest& request, Jo
 }
 
 HttpResponse StatusViews::api_status(const HttpRequest& request) {
-  JobStatus job;
-  if (auto error = read_run(request, job)) return *error;
   // Compact unless ?pretty: a 1024-node job's answer is megabytes (docs/perf.md). The nodes'
   // metric histories only with ?history (api/history has them, combined).
   const bool pretty = query_param(request.query, "pretty").value.has_value();
   const bool history = query_param(request.query, "history").value.has_value();
+  JobStatus job;
+  if (auto error = read_run(request, job, history)) return *error;
   return {200, kJson, to_json(job, pretty ? 2 : -1, history) + "\n"};
 }
 
@@ -192,7 +193,7 @@ HttpResponse StatusViews::api_history(const HttpRequest& request) {
                                "' is not job, nodes or all");
   }
   JobStatus job;
-  if (auto error = read_run(request, job)) return *error;
+  if (auto error = read_run(request, job, true)) return *error;
   const char* type = *f == HistoryFormat::csv     ? "text/csv; charset=utf-8"
                      : *f == HistoryFormat::json_lines ? "application/x-ndjson"
                                                   : kJson;

@@ -75,3 +75,32 @@ TEST_CASE("the index and the run list skip what they cannot read", "[status]") {
   CHECK(parse_runs("a\nb\na\n\nc", 10) == std::vector<std::string>{"a", "b", "c"});
   CHECK(parse_runs("a\nb\nc\n", 2) == std::vector<std::string>{"b", "c"});
 }
+
+TEST_CASE("histories have keys of their own: SET every kHistoryEvery publications, read on ask",
+          "[status]") {
+  CountingStore store;
+  NodeStatus a = node("runH", "a"), b = node("runH", "b");
+  a.history["loss"] = {{1, 10, 2.5}};
+  join(store, a);  // the history with the first record
+  b.state = "rendezvous";
+  join(store, b);  // b: as an agent from before issue 36, which ...
+  store.delete_key(history_key("runH", b.slot));  // ... writes no history
+  const double now = unix_now();
+  a.history["loss"].push_back({2, 11, 2.25});
+  store.ops = 0;
+  for (std::uint64_t i = 1; i <= kHistoryEvery; ++i) publish(store, a, now);
+  CHECK(store.ops == static_cast<int>(kHistoryEvery) + 1);  // one record a time, one history
+  JobStatus job = read_job(store, "runH", now);
+  REQUIRE(job.nodes.size() == 2);
+  CHECK(job.nodes[0].history.empty());  // not asked for
+  store.ops = 0;
+  job = read_job(store, "runH", now, true);
+  CHECK(store.ops == 3 + 1 + 2 + 1);  // the job; CHECK of all, one each (b has none); MULTI_GET
+  REQUIRE(job.nodes[0].history.at("loss").size() == 2);
+  CHECK(job.nodes[0].history.at("loss")[1].value == 2.25);
+  CHECK(job.nodes[1].history.empty());
+  a.state = "succeeded";  // a final record takes its history with it
+  a.history["loss"].push_back({3, 12, 2.0});
+  publish(store, a, now);
+  CHECK(read_job(store, "runH", now, true).nodes[0].history.at("loss").size() == 3);
+}

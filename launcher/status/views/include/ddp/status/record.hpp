@@ -100,8 +100,10 @@ struct NodeStatus {
   double heal_s = 0;
   std::string last_heal;  // "rank 1: Signal 9 (SIGKILL), healed in 0.8 s"
   // The node's metrics over the run (metric_history.hpp's combine of its ranks' histories): at
-  // most kRecordPoints points per metric.
+  // most kRecordPoints points per metric. history_bytes: the memory the agent's per-rank
+  // histories take (bounded: metric_history.hpp).
   Series history;
+  std::uint64_t history_bytes = 0;
   // Set by readers, not published: the record is older than 3 intervals + 2 s and not final.
   bool lost = false;
 };
@@ -140,9 +142,12 @@ bool final_state(const std::string& node_state);  // succeeded, failed, stopped
 // Marks lost nodes (at `now_unix`) and fills JobStatus's derived fields.
 void fill_derived(JobStatus& job);
 
-std::string to_json(const Series& s);                // {"loss": [[step, time, value], ...]}
-std::string to_json(const NodeStatus& n);            // compact; a few hundred bytes per rank
-NodeStatus node_from_json(const std::string& text);  // throws ddp::ProtocolError naming the field
+std::string to_json(const Series& s);  // {"loss": [[step, time, value], ...]}
+Series series_from_json(const std::string& text);  // throws ddp::ProtocolError naming the field
+// history false: the record as published (job_view.hpp: the history has a key of its own).
+std::string to_json(const NodeStatus& n, bool history = true);           // compact; a few hundred bytes per rank
+// Throws ddp::ProtocolError naming the field. history false: the node's history is skipped.
+NodeStatus node_from_json(const std::string& text, bool history = true);
 // history false: the nodes' histories left out (/api/status; /api/history has them).
 std::string to_json(const JobStatus& j, int indent = -1, bool history = true);
 JobStatus job_from_json(const std::string& text);  // throws ddp::ProtocolError

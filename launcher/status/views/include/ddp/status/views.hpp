@@ -58,7 +58,7 @@ class StatusViews {
 
  private:
   // The run the query names (or the default) into `job`; an error answer when there is none.
-  std::optional<HttpResponse> read_run(const HttpRequest& request, JobStatus& job);
+  std::optional<HttpResponse> read_run(const HttpRequest& request, JobStatus& job, bool history);
   HttpResponse api_status(const HttpRequest& request);
   HttpResponse api_history(const HttpRequest& request);
   HttpResponse api_runs();
