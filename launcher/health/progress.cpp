@@ -126,12 +126,12 @@ std::optional<ProgressLine> parse_progress_line(std::string_view line) {
         for (char& c : shown) {
           if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
         }
-        out.bad_metric = "'" + shown + (token.size() > 64 ? "...'" : "'") +
-                         (!ddp::metric_name_ok(key) ? ": not a metric name ([A-Za-z_][A-Za-z0-9_.-]*, "
-                                                      "at most 48 bytes)"
-                          : !v ? ": not a finite number"
-                               : ": more than " + std::to_string(kMaxLineMetrics) +
-                                     " metrics on one line");
+        out.bad_metric =
+            "'" + shown + (token.size() > 64 ? "...'" : "'") +
+            (!ddp::metric_name_ok(key) ? ": not a metric name ([A-Za-z_][A-Za-z0-9_.-]*, "
+                                         "at most 48 bytes)"
+             : !v                      ? ": not a finite number"
+                  : ": more than " + std::to_string(kMaxLineMetrics) + " metrics on one line");
       }
     }
   }

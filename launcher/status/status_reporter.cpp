@@ -359,7 +359,8 @@ void StatusReporter::sample_and_publish() {
     node_.updated_unix = now;
     std::vector<status::Series> per_rank;
     per_rank.reserve(metrics_.size());
-    for (const auto& [lr, m] : metrics_) per_rank.push_back(m.history.series(2 * status::kRecordPoints));
+    for (const auto& [lr, m] : metrics_)
+      per_rank.push_back(m.history.series(2 * status::kRecordPoints));
     std::vector<const status::Series*> sources;
     for (const auto& sr : per_rank) sources.push_back(&sr);
     node_.history = status::combine(sources, status::kRecordPoints);

@@ -162,10 +162,10 @@ struct Column {
   bool right;  // numbers are right-aligned
 };
 
-constexpr Column kColumns[] = {{"NODE", false},     {"RANK", true},      {"LOCAL", true},
-                               {"STATE", false},    {"RESTARTS", true},  {"STEP", true},
-                               {"STEP TIME", true}, {"SAMPLES/S", true}, {"CPU", true},
-                               {"RSS", true},       {"GPU", false},      {"METRICS", false},
+constexpr Column kColumns[] = {{"NODE", false},      {"RANK", true},      {"LOCAL", true},
+                               {"STATE", false},     {"RESTARTS", true},  {"STEP", true},
+                               {"STEP TIME", true},  {"SAMPLES/S", true}, {"CPU", true},
+                               {"RSS", true},        {"GPU", false},      {"METRICS", false},
                                {"LAST ERROR", false}};
 constexpr std::size_t kNumColumns = std::size(kColumns);
 using Row = std::array<std::string, kNumColumns>;

@@ -144,7 +144,8 @@ std::size_t format_progress_line(char* buf, std::int64_t step, std::string_view 
   }
   for (std::size_t i = 0; i < std::min(n_metrics, kLineMetrics); ++i) {
     const std::string_view name = metrics[i].name ? metrics[i].name : "";
-    if (name.size() > 32 || !ddp::metric_name_ok(name) || !std::isfinite(metrics[i].value)) continue;
+    if (name.size() > 32 || !ddp::metric_name_ok(name) || !std::isfinite(metrics[i].value))
+      continue;
     // " name=" and a double's shortest form (at most 24 bytes); a line with every field at its
     // widest has no room for all four, and drops those that do not fit.
     if (end - p < static_cast<std::ptrdiff_t>(name.size() + 26)) break;

@@ -93,19 +93,24 @@ std::string export_history(const JobStatus& job, HistoryFormat format, HistorySc
   }
   std::string out;
   if (format == HistoryFormat::csv) out = "scope,slot,host,metric,step,time,value\n";
-  each_point(job, scope, whole, [&](const char* what, const NodeStatus* n, const std::string& key,
-                                    const MetricPoint& p) {
-    if (format == HistoryFormat::csv) {
-      out += std::string(what) + ',' + (n ? std::to_string(n->slot) : "") + ',' +
-             (n ? csv_field(n->host) : "") + ',' + key + ',' + std::to_string(p.step) + ',' +
-             number(p.unix) + ',' + number(p.value) + '\n';
-    } else {
-      json row = {{"scope", what},  {"slot", n ? json(n->slot) : json(nullptr)},
-                  {"host", n ? json(n->host) : json(nullptr)},
-                  {"metric", key},  {"step", p.step}, {"time", p.unix}, {"value", p.value}};
-      out += row.dump(-1, ' ', false, json::error_handler_t::replace) + '\n';
-    }
-  });
+  each_point(
+      job, scope, whole,
+      [&](const char* what, const NodeStatus* n, const std::string& key, const MetricPoint& p) {
+        if (format == HistoryFormat::csv) {
+          out += std::string(what) + ',' + (n ? std::to_string(n->slot) : "") + ',' +
+                 (n ? csv_field(n->host) : "") + ',' + key + ',' + std::to_string(p.step) + ',' +
+                 number(p.unix) + ',' + number(p.value) + '\n';
+        } else {
+          json row = {{"scope", what},
+                      {"slot", n ? json(n->slot) : json(nullptr)},
+                      {"host", n ? json(n->host) : json(nullptr)},
+                      {"metric", key},
+                      {"step", p.step},
+                      {"time", p.unix},
+                      {"value", p.value}};
+          out += row.dump(-1, ' ', false, json::error_handler_t::replace) + '\n';
+        }
+      });
   return out;
 }
 

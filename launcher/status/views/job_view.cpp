@@ -130,8 +130,7 @@ void read_histories(rdzv::Store& store, JobStatus& job) {
 
 }  // namespace
 
-JobStatus read_job(rdzv::Store& store, const std::string& run_id, double now_unix,
-                   bool history) {
+JobStatus read_job(rdzv::Store& store, const std::string& run_id, double now_unix, bool history) {
   JobStatus job;
   job.run_id = run_id;
   job.now_unix = now_unix;

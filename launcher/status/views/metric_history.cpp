@@ -70,9 +70,8 @@ std::vector<MetricPoint> thin(const std::vector<MetricPoint>& points, std::size_
   out.reserve(n);
   const double span = static_cast<double>(points.size() - 1);
   for (std::size_t i = 0; i < n; ++i) {
-    out.push_back(points[static_cast<std::size_t>(span * static_cast<double>(i) /
-                                                  static_cast<double>(n - 1) +
-                                                  0.5)]);
+    out.push_back(points[static_cast<std::size_t>(
+        span * static_cast<double>(i) / static_cast<double>(n - 1) + 0.5)]);
   }
   return out;
 }

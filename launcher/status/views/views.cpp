@@ -187,16 +187,17 @@ HttpResponse StatusViews::api_history(const HttpRequest& request) {
     return json_error(400, "bad query parameter 'format': '" + format.value.value_or("") +
                                "' is not json, csv or jsonl");
   }
-  const auto sc = parse_history_scope(scope.value.value_or(*f == HistoryFormat::json_object ? "job" : "all"));
+  const auto sc =
+      parse_history_scope(scope.value.value_or(*f == HistoryFormat::json_object ? "job" : "all"));
   if (!scope.error.empty() || !sc) {
     return json_error(400, "bad query parameter 'scope': '" + scope.value.value_or("") +
                                "' is not job, nodes or all");
   }
   JobStatus job;
   if (auto error = read_run(request, job, true)) return *error;
-  const char* type = *f == HistoryFormat::csv     ? "text/csv; charset=utf-8"
+  const char* type = *f == HistoryFormat::csv          ? "text/csv; charset=utf-8"
                      : *f == HistoryFormat::json_lines ? "application/x-ndjson"
-                                                  : kJson;
+                                                       : kJson;
   return {200, type, export_history(job, *f, *sc)};
 }
 

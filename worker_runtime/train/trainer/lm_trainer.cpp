@@ -176,7 +176,7 @@ int LmRun::go() {
     }
   };
   const auto t0 = Clock::now();
-  Clock::time_point t1 = t0;  // after the first step: tokens/s leaves out the warm-up
+  Clock::time_point t1 = t0;         // after the first step: tokens/s leaves out the warm-up
   Clock::time_point last_step = t0;  // the progress line's tokens/s
   std::int64_t steps = 0;
   int stop = 0;
@@ -210,8 +210,8 @@ int LmRun::go() {
         last_step = now;
         c_.progress->metric("loss", loss);
         if (dt > 0) {
-          c_.progress->metric("tokens_per_s", static_cast<double>(tokens_per_step) /
-                                                  std::max(1, c_.world) / dt);
+          c_.progress->metric("tokens_per_s",
+                              static_cast<double>(tokens_per_step) / std::max(1, c_.world) / dt);
         }
       }
       epoch_sum += loss;

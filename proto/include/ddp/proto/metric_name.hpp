@@ -8,7 +8,7 @@
 
 namespace ddp {
 
-inline constexpr std::size_t kMaxMetricName = 48;  // bytes in a metric's name
+inline constexpr std::size_t kMaxMetricName = 48;   // bytes in a metric's name
 inline constexpr std::size_t kMaxRankMetrics = 16;  // metrics kept per rank (more: dropped)
 
 // [A-Za-z_][A-Za-z0-9_.-]*, at most kMaxMetricName bytes.

@@ -11,8 +11,7 @@
 
 using namespace ddp::launch;
 
-TEST_CASE("progress metrics: numbers kept, the rest counted, the line still counts",
-          "[progress]") {
+TEST_CASE("progress metrics: numbers kept, the rest counted, the line still counts", "[progress]") {
   const auto l = parse_progress_line("step=7 loss=2.5 lr=3e-4 delta=-0.25 acc=+1 x=abc y=inf 9z=1");
   REQUIRE(l);
   CHECK(l->step == 7);
@@ -60,8 +59,8 @@ TEST_CASE("progress metrics: the worker's line", "[progress]") {
   using ddp::worker::format_progress_line;
   using ddp::worker::LineMetric;
   char buf[ddp::worker::kProgressLineMax];
-  const LineMetric ms[] = {{"loss", 2.5}, {"bad name", 1}, {"lr", 1e300 * 1e300}, {"val_loss", 0.125},
-                           {"a", 1}, {"b", 2}};
+  const LineMetric ms[] = {{"loss", 2.5},       {"bad name", 1}, {"lr", 1e300 * 1e300},
+                           {"val_loss", 0.125}, {"a", 1},        {"b", 2}};
   const std::string line(buf, format_progress_line(buf, 3, "compute", -1, -1, -1, ms, 6));
   // At most four are looked at; the bad name and the infinite value are left out.
   CHECK(line == "step=3 phase=compute loss=2.5 val_loss=0.125\n");
@@ -71,8 +70,10 @@ TEST_CASE("progress metrics: the worker's line", "[progress]") {
   CHECK(back->bad_metrics == 0);
   // The longest line fits: every field at its widest, four 32-byte names.
   const std::string n32(32, 'n');
-  const LineMetric wide[] = {{n32.c_str(), -1.2345678901234567e-300}, {n32.c_str(), -1e-300},
-                             {n32.c_str(), -1e-300}, {n32.c_str(), -1e-300}};
+  const LineMetric wide[] = {{n32.c_str(), -1.2345678901234567e-300},
+                             {n32.c_str(), -1e-300},
+                             {n32.c_str(), -1e-300},
+                             {n32.c_str(), -1e-300}};
   const std::size_t len = format_progress_line(buf, INT64_MAX, std::string(40, 'p'), INT64_MAX,
                                                INT64_MAX, INT64_MAX, wide, 4);
   CHECK(len <= ddp::worker::kProgressLineMax);

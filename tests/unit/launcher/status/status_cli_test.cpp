@@ -288,8 +288,9 @@ TEST_CASE("status table: the job line and the metrics column", "[status_cli]") {
   std::getline(in, row);
   // The live node's 2 ranks: step 120 of 1000 at 212 ms a step, 2 x 3450 samples/s; 10 s of
   // 100 lost to the restart; the losses averaged.
-  CHECK(line == "job  step 120/1000  6.9k samples/s  ETA 3m06s  goodput 90.0% (lost 10.00 s to "
-                "restarts)  loss 2.406 lr 0.001");
+  CHECK(line ==
+        "job  step 120/1000  6.9k samples/s  ETA 3m06s  goodput 90.0% (lost 10.00 s to "
+        "restarts)  loss 2.406 lr 0.001");
   CHECK(titles.find("METRICS") != std::string::npos);
   CHECK(row.find("loss=2.312 lr=0.001") != std::string::npos);
 }

@@ -55,7 +55,8 @@ inline constexpr std::size_t kTraceSteps = 4096;  // step spans kept per rank (t
 
 // One line without its newline. nullopt for a line that is not progress (ignored, counted).
 // A trailing '\r' and blanks around the line are ignored; keys other than step, phase and t are
-// metrics (bad ones counted on the line, which still counts); a step must be a non-negative 64-bit integer, t a finite number >= 0.
+// metrics (bad ones counted on the line, which still counts); a step must be a non-negative 64-bit
+// integer, t a finite number >= 0.
 std::optional<ProgressLine> parse_progress_line(std::string_view line);
 
 inline constexpr std::size_t kStepHistory = 16;  // step durations kept per rank

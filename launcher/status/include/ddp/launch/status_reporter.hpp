@@ -103,7 +103,7 @@ class StatusReporter {
 
   status::NodeStatus snapshot() const;
   std::size_t history_bytes() const;  // the metric histories' memory (bounded: docs/status.md)
-  int http_port() const;  // -1 when off
+  int http_port() const;              // -1 when off
 
  private:
   struct RankTrace {

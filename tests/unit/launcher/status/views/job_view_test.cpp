@@ -83,7 +83,7 @@ TEST_CASE("histories have keys of their own: SET every kHistoryEvery publication
   a.history["loss"] = {{1, 10, 2.5}};
   join(store, a);  // the history with the first record
   b.state = "rendezvous";
-  join(store, b);  // b: as an agent from before issue 36, which ...
+  join(store, b);                                 // b: as an agent from before issue 36, which ...
   store.delete_key(history_key("runH", b.slot));  // ... writes no history
   const double now = unix_now();
   a.history["loss"].push_back({2, 11, 2.25});

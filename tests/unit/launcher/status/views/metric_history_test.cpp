@@ -31,7 +31,8 @@ TEST_CASE("metric history: a million points in bounded memory, the whole run cov
   for (std::size_t i = 1; i < pts.size(); ++i) CHECK(pts[i].step > pts[i - 1].step);
   // The points are evenly spread: no gap longer than twice the stride's share.
   std::int64_t gap = 0;
-  for (std::size_t i = 1; i + 1 < pts.size(); ++i) gap = std::max(gap, pts[i].step - pts[i - 1].step);
+  for (std::size_t i = 1; i + 1 < pts.size(); ++i)
+    gap = std::max(gap, pts[i].step - pts[i - 1].step);
   CHECK(gap <= 2 * 1000000 / 256);
   CHECK(h.bytes() <= 512 * sizeof(MetricPoint) + 512);
 }
@@ -79,9 +80,9 @@ TEST_CASE("combine: throughput adds up, other metrics average, on one wall-clock
   CHECK(loss[0].value == 3.0);  // (2 + 4) / 2
   const auto& sps = both.at("samples_per_s");
   REQUIRE(sps.size() == 4);
-  CHECK(sps[0].unix == 100);     // a's grid (equal sizes: the first)
-  CHECK(sps[0].value == 100);    // b has no value yet at t=100
-  CHECK(sps[1].value == 150);    // 100 + 50
+  CHECK(sps[0].unix == 100);   // a's grid (equal sizes: the first)
+  CHECK(sps[0].value == 100);  // b has no value yet at t=100
+  CHECK(sps[1].value == 150);  // 100 + 50
   CHECK(combine({}, 8).empty());
 }
 
@@ -121,21 +122,22 @@ TEST_CASE("records carry metrics and histories, and a bad one is named", "[metri
   CHECK(back.history.at("loss")[1].value == 0.5);
   auto j = nlohmann::json::parse(to_json(n));
   j["history"]["loss"][0] = {1, 2};
-  CHECK_THROWS_WITH(node_from_json(j.dump()), Catch::Contains("node.history.loss") &&
-                                                  Catch::Contains("[step, time, value]"));
+  CHECK_THROWS_WITH(node_from_json(j.dump()),
+                    Catch::Contains("node.history.loss") && Catch::Contains("[step, time, value]"));
   j = nlohmann::json::parse(to_json(n));
   j["ranks"][0]["metrics"]["bad name"] = 1;
   CHECK_THROWS_WITH(node_from_json(j.dump()), Catch::Contains("node.ranks[0].metrics.bad name"));
 }
 
-TEST_CASE("the job summary: slowest step, ETA, goodput, metrics summed or averaged",
-          "[metrics]") {
+TEST_CASE("the job summary: slowest step, ETA, goodput, metrics summed or averaged", "[metrics]") {
   JobStatus job;
   job.run_id = "r";
   job.now_unix = 1000;
   job.nodes = {node(0, 900), node(1, 950)};
-  job.nodes[0].phases = {{"rendezvous", 900, 902, ""}, {"run", 902, 950, ""},
-                         {"restart", 950, 955, ""}, {"rendezvous", 955, 960, ""}};
+  job.nodes[0].phases = {{"rendezvous", 900, 902, ""},
+                         {"run", 902, 950, ""},
+                         {"restart", 950, 955, ""},
+                         {"rendezvous", 955, 960, ""}};
   fill_derived(job);
   CHECK(job.step == 100);  // the slower node's
   CHECK(job.total_steps == 200);
@@ -157,8 +159,8 @@ TEST_CASE("history export: JSON, CSV and JSON lines", "[metrics]") {
   job.now_unix = 1000;
   job.nodes = {node(0, 900), node(1, 900)};
   fill_derived(job);
-  const auto j = nlohmann::json::parse(
-      export_history(job, HistoryFormat::json_object, HistoryScope::all));
+  const auto j =
+      nlohmann::json::parse(export_history(job, HistoryFormat::json_object, HistoryScope::all));
   CHECK(j["job"]["loss"][0][2] == 1.5);  // (1 + 2) / 2
   CHECK(j["nodes"][1]["history"]["loss"][1][2] == 1.5);
   CHECK(!nlohmann::json::parse(export_history(job, HistoryFormat::json_object, HistoryScope::job))

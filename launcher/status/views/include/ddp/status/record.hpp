@@ -142,10 +142,11 @@ bool final_state(const std::string& node_state);  // succeeded, failed, stopped
 // Marks lost nodes (at `now_unix`) and fills JobStatus's derived fields.
 void fill_derived(JobStatus& job);
 
-std::string to_json(const Series& s);  // {"loss": [[step, time, value], ...]}
+std::string to_json(const Series& s);              // {"loss": [[step, time, value], ...]}
 Series series_from_json(const std::string& text);  // throws ddp::ProtocolError naming the field
 // history false: the record as published (job_view.hpp: the history has a key of its own).
-std::string to_json(const NodeStatus& n, bool history = true);           // compact; a few hundred bytes per rank
+std::string to_json(const NodeStatus& n,
+                    bool history = true);  // compact; a few hundred bytes per rank
 // Throws ddp::ProtocolError naming the field. history false: the node's history is skipped.
 NodeStatus node_from_json(const std::string& text, bool history = true);
 // history false: the nodes' histories left out (/api/status; /api/history has them).
