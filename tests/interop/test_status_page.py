@@ -1,4 +1,4 @@
-"""The live status page (launcher/status/views/page.html) in a real headless Chromium (Debian's
+"""The live status page (launcher/status/page/page.html) in a real headless Chromium (Debian's
 chromium and chromium-driver, driven by selenium): first against ddprund fed with synthetic
 status records (every rank state, a lost node, GPU fields, hostile strings, live updates, a lost
 connection), then against a real 2-agent job whose worker the test kills: the tile turns failed

@@ -47,7 +47,9 @@ DEPS = {
     "launcher/rendezvous": ["launcher/cli", "launcher/rendezvous/link"],
     "launcher/health/stacks": ["proto"],
     "launcher/health": ["launcher/health/stacks", "launcher/workers"],
-    "launcher/status/views": ["rendezvous/server"],
+    "launcher/status/http": ["rendezvous/client"],
+    "launcher/status/page": [],
+    "launcher/status/views": ["rendezvous/server", "launcher/status/http", "launcher/status/page"],
     "launcher/status": ["launcher/status/views", "launcher/health"],
     "launcher/lifecycle": ["launcher/status", "launcher/rendezvous"],
 }
