@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,11 +71,14 @@ def port_free(port):
             return False
 
 
-def run_pair(launcher, nodes, out, base_env, again=True):
+def run_pair(launcher, nodes, out, base_env, tries=None):
     """nodes: [(argv, env)] per node, started together; returns {rank: record}. torch's own
-    run is the reference, not what is tested: when it fails, it runs once more. Under ddprun,
-    a run runs once more only when its workers died in torch's own abort (TORCH_ABORT), and
-    a second failure fails the test."""
+    run is the reference, not what is tested: when it fails, it runs again (3 tries). Under
+    ddprun, a run runs once more only when its workers died in torch's own abort
+    (TORCH_ABORT), and a second failure fails the test. A node that fails ends the try: its
+    peers get SIGTERM (they would wait out torch's own timeouts), then SIGKILL 15 s later."""
+    if tries is None:
+        tries = 3 if launcher in (TORCHRUN, TORCH_LAUNCH) else 2
     os.makedirs(out, exist_ok=True)
     procs = []
     for i, (argv, env) in enumerate(nodes):
@@ -82,22 +86,30 @@ def run_pair(launcher, nodes, out, base_env, again=True):
         log = open(os.path.join(out, f"node{i}.log"), "w")
         procs.append((subprocess.Popen(launcher + argv, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=e), log))
+    deadline = time.monotonic() + 150
+    while any(p.poll() is None for p, _ in procs):
+        if any(p.poll() not in (None, 0) for p, _ in procs) or time.monotonic() > deadline:
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p, _ in procs:
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            break
+        time.sleep(0.2)
+    codes = [p.returncode for p, _ in procs]
     logs = ""
-    codes = []
-    for p, log in procs:
-        try:
-            codes.append(p.wait(timeout=150))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(p.wait())
+    for i, (_, log) in enumerate(procs):
         log.close()
-    for i in range(len(nodes)):
         logs += open(os.path.join(out, f"node{i}.log")).read()
-    if codes != [0] * len(nodes) and again and (launcher in (TORCHRUN, TORCH_LAUNCH) or
-                                                TORCH_ABORT in logs):
-        print(f"{launcher[-1]}: the run failed ({codes}); once more:\n{logs[-2000:]}")
+    torch_own = launcher in (TORCHRUN, TORCH_LAUNCH) or TORCH_ABORT in logs
+    if codes != [0] * len(nodes) and tries > 1 and torch_own:
+        print(f"{launcher[-1]}: the run failed ({codes}); again:\n{logs[-2000:]}")
         shutil.rmtree(out)
-        return run_pair(launcher, nodes, out, base_env, again=False)
+        return run_pair(launcher, nodes, out, base_env, tries - 1)
     assert codes == [0] * len(nodes), f"{launcher[0]} exits {codes}:\n{logs}"
     recs = {}
     for f in os.listdir(out):
