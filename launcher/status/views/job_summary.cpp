@@ -51,14 +51,15 @@ void fill_summary(JobStatus& job) {
       if (r.state != "running" && r.state != "succeeded") continue;
       if (r.step >= 0) job.step = job.step < 0 ? r.step : std::min(job.step, r.step);
       job.total_steps = std::max(job.total_steps, r.total_steps);
-      if (r.state != "running") continue;
-      job.samples_per_s += r.samples_per_s;
-      if (r.step_time_s > 0) step_times.push_back(r.step_time_s);
+      // A finished job keeps its last metrics; its throughput and ETA are over.
       for (const auto& [key, value] : r.metrics) {
         auto& [sum, count] = sums[key];
         sum += value;
         ++count;
       }
+      if (r.state != "running") continue;
+      job.samples_per_s += r.samples_per_s;
+      if (r.step_time_s > 0) step_times.push_back(r.step_time_s);
     }
   }
   for (const auto& [key, sc] : sums) {

@@ -39,7 +39,7 @@ void render_training(std::string& out, const std::vector<JobView>& jobs) {
           "The share of the job's wall time not lost to restarts.",
           [](Family& f, const JobStatus& j, const std::string& l) { f.sample(l, j.goodput); });
   per_job("ddprun_job_metric", "gauge",
-          "A metric the workers report, over the job's live ranks: summed for *_per_s "
+          "A metric the workers report, over the running (and succeeded) ranks: summed for *_per_s "
           "(throughput), averaged otherwise; its name in the label metric.",
           [](Family& f, const JobStatus& j, const std::string& l) {
             for (const auto& [key, value] : j.metrics) f.sample(l, value, "metric", key);

@@ -122,9 +122,10 @@ struct JobStatus {
   int ranks = 0;
   int restarts = 0;   // the highest restart_count of any node
   std::string state;  // running, rendezvous, restarting, succeeded, failed, stopped, mixed
-  // The job as a whole (fill_derived, job_summary.cpp), over the current round's live ranks:
-  // the step of the slowest (-1: none reported), of total_steps; the summed samples/s and
-  // throughput metrics; the mean of every other metric; the ETA at the median step time (-1:
+  // The job as a whole (fill_derived, job_summary.cpp), over the current round's running (and
+  // succeeded) ranks: the step of the slowest (-1: none reported), of total_steps; the summed
+  // samples/s of the running ones; their metrics, throughput ones summed and the rest averaged
+  // (a finished job keeps its last); the ETA at the running ones' median step time (-1:
   // unknown); the wall time since the first agent started, the part of it lost to restarts
   // (rendezvous after the first, restarts, heals) and the rest's share (goodput).
   std::int64_t step = -1;
