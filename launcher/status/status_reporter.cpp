@@ -265,6 +265,7 @@ void StatusReporter::progress(const std::map<int, RankProgress>& ranks) {
 // into its history. Called with mu_ held.
 void StatusReporter::take_metrics(status::RankStatus& r, const RankProgress& p) {
   RankMetrics& m = metrics_[r.local_rank];
+  if (p.metric_lines < m.seen_line) m.seen_line = 0;  // its pipe started over: a heal
   const double now = status::unix_now();
   r.metrics.clear();
   for (const auto& [key, v] : p.metrics) {

@@ -88,3 +88,39 @@ TEST_CASE("status reporter: one SET per interval, hooks in the record, final sta
   CHECK(job.state == "failed");
   server.stop();
 }
+
+TEST_CASE("status reporter: a healed rank's metrics reach its history (its pipe starts over)",
+          "[integration][status]") {
+  rdzv::ServerOptions so;
+  so.threads = 1;
+  rdzv::StoreServer server(so);
+  server.start();
+  launch::StatusSetup ss;
+  ss.run_id = "rep-heal";
+  ss.host = "testhost";
+  ss.interval_s = 0.1;
+  launch::tcp_status_store(ss, "127.0.0.1", server.port(), {});
+  ss.progress = launch::ProgressMode::off;
+  launch::StatusReporter rep(ss);
+  rep.start();
+  rep.round_formed(0, 0, 1, 1, 0);
+  rep.workers_started({{0, 0, ::getpid(), -1}});
+  launch::RankProgress before;
+  before.reported = true;
+  before.step = 5;
+  before.metric_lines = 3;
+  before.metrics["loss"] = {2.0, 5, 3};
+  rep.progress({{0, before}});
+  launch::RankProgress healed;  // the replacement's pipe: its first metric line
+  healed.reported = true;
+  healed.step = 6;
+  healed.metric_lines = 1;
+  healed.metrics["loss"] = {1.5, 6, 1};
+  rep.progress({{0, healed}});
+  std::this_thread::sleep_for(400ms);  // a few publications
+  const auto n = rep.snapshot();
+  REQUIRE(n.history.count("loss") == 1);
+  CHECK(n.history.at("loss").back().value == 1.5);
+  CHECK(n.history.at("loss").back().step == 6);
+  rep.finish("succeeded", 0);
+}
