@@ -16,20 +16,29 @@
 using namespace ddp;
 using namespace std::chrono_literals;
 
+namespace {
+
+// A reporter of run `run_id` publishing every 0.1 s to the store at `port`, no progress line.
+launch::StatusSetup setup(const std::string& run_id, std::uint16_t port) {
+  launch::StatusSetup ss;
+  ss.run_id = run_id;
+  ss.host = "testhost";
+  ss.max_restarts = 2;
+  ss.interval_s = 0.1;
+  launch::tcp_status_store(ss, "127.0.0.1", port, {});
+  ss.progress = launch::ProgressMode::off;
+  return ss;
+}
+
+}  // namespace
+
 TEST_CASE("status reporter: one SET per interval, hooks in the record, final state at the end",
           "[integration][status]") {
   rdzv::ServerOptions so;
   so.threads = 1;
   rdzv::StoreServer server(so);
   server.start();
-  launch::StatusSetup ss;
-  ss.run_id = "rep1";
-  ss.host = "testhost";
-  ss.max_restarts = 2;
-  ss.interval_s = 0.1;
-  launch::tcp_status_store(ss, "127.0.0.1", server.port(), {});
-  ss.progress = launch::ProgressMode::off;
-  launch::StatusReporter rep(ss);
+  launch::StatusReporter rep(setup("rep1", server.port()));
   rep.start();
   rep.phase("rendezvous");
   rep.round_formed(0, 0, 1, 2, 0);
@@ -95,13 +104,7 @@ TEST_CASE("status reporter: a healed rank's metrics reach its history (its pipe 
   so.threads = 1;
   rdzv::StoreServer server(so);
   server.start();
-  launch::StatusSetup ss;
-  ss.run_id = "rep-heal";
-  ss.host = "testhost";
-  ss.interval_s = 0.1;
-  launch::tcp_status_store(ss, "127.0.0.1", server.port(), {});
-  ss.progress = launch::ProgressMode::off;
-  launch::StatusReporter rep(ss);
+  launch::StatusReporter rep(setup("rep-heal", server.port()));
   rep.start();
   rep.round_formed(0, 0, 1, 1, 0);
   rep.workers_started({{0, 0, ::getpid(), -1}});
