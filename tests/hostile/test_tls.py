@@ -120,7 +120,10 @@ def test_each_bad_setting_is_refused_by_name(store, pki, case):
     r = ddpstore(store.port, "set", "/bad", "x", env=env, host=host)
     assert r.returncode != 0 and want in r.stderr, r.stderr
     if case == "client CA unknown to the store":
-        assert "unknown ca" in r.stderr and "TLS handshake failed" in store.output()
+        # The store logs the refusal after the client has seen the alert: wait for the line.
+        assert "unknown ca" in r.stderr, r.stderr
+        assert wait_for(lambda: "TLS handshake failed" in store.output(), timeout=10), \
+            store.output()
     # Nothing was written, and the store still serves a good client.
     ok = ddpstore(store.port, "check", "/bad", env=tls_env(pki))
     assert ok.returncode == 0 and ok.stdout.strip() == "not ready", ok
@@ -214,6 +217,7 @@ dist.all_reduce(t)
 if dist.get_rank() == 0:
     open(os.environ["OUT"], "w").write(str(int(t.item())))
 dist.destroy_process_group()
+os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 """
 
 

@@ -53,6 +53,7 @@ GLOO_SCRIPT = textwrap.dedent("""
     dist.all_reduce(t)
     print(f"rank {dist.get_rank()} sum {int(t.item())}", flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 """)
 
 

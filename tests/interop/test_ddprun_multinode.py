@@ -50,6 +50,7 @@ DDP_SCRIPT = textwrap.dedent("""
     with open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w") as f:
         json.dump(rec, f)
     dist.destroy_process_group()
+    os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 """)
 
 

@@ -45,6 +45,7 @@ rec["grad"] = model.module.weight.grad.tolist()
 with open(os.path.join(os.environ["OUT"], os.environ["RANK"] + ".json"), "w") as f:
     json.dump(rec, f)
 dist.destroy_process_group()
+os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 """
 
 # Compared rank for rank; MASTER_ADDR/MASTER_PORT only where the input fixes them (static).

@@ -195,7 +195,7 @@ def test_world_size_handshake(server):
 
 
 GLOO_WORKER = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     from datetime import timedelta
     port, rank = int(sys.argv[1]), int(sys.argv[2])
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=60))
@@ -205,6 +205,7 @@ GLOO_WORKER = textwrap.dedent("""
     dist.barrier()
     print(int(t.item()), flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 """)
 
 
@@ -222,6 +223,7 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
     with open(os.path.join(os.environ["OUT_DIR"], f"rank{dist.get_rank()}"), "w") as f:
         f.write(f"{int(t.item())} {os.environ['WORLD_SIZE']} {os.environ['LOCAL_RANK']}")
     dist.destroy_process_group()
+    os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 """)
 
 

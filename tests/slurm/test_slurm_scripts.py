@@ -71,6 +71,7 @@ print(f"ranked: rank {rank} world {world} local {local} node {node} host {socket
       flush=True)
 dist.barrier()  # every rank done before any tears down (torch 2.15's gloo, see test_slurm.py)
 dist.destroy_process_group()
+os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 '''
 
 LIGHTNING = r'''
@@ -116,6 +117,7 @@ print(f"lightning: env {type(trainer.strategy.cluster_environment).__name__} "
       f"replicas_equal {all(torch.equal(replicas[0], r) for r in replicas)}", flush=True)
 dist.barrier()
 dist.destroy_process_group()
+os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 '''
 
 
