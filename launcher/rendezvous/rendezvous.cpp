@@ -10,9 +10,9 @@
 //                        also each agent's lease will ("lost") when it dies or goes silent
 //   P/r<n>/finished      ADD: nodes whose workers all succeeded; the last posts "done"
 //   P/r<n>/left, gone    ADD/SET: agents that no longer need the store
-// Per agent and round: ADD round, ADD joined, SET node, WAIT + GET seal (the sealer: ADD +
-// COMPARE_SET, then MULTI_GET nodes + MULTI_SET assignments), WAIT + GET its assignment: O(1)
-// requests in the node count, and O(1) bytes except for the sealer's O(N).
+// Per agent and round: ADD round, ADD joined, SET node, WAIT + GET seal (the sealer: ADD, WAIT
+// + MULTI_GET nodes, then COMPARE_SET seal + MULTI_SET assignments, one txn on etcd), GET its
+// assignment: O(1) requests in the node count, and O(1) bytes except for the sealer's O(N).
 #include "ddp/launch/rendezvous.hpp"
 
 #include <sys/eventfd.h>
@@ -77,7 +77,7 @@ std::string join_hint(bool static_backend) {
                           "--rdzv-endpoint and --rdzv-id";
 }
 
-void Rendezvous::wait_for_min(const std::string& seal_key, int r,
+std::string Rendezvous::wait_for_min(const std::string& seal_key, int r,
                               std::chrono::steady_clock::time_point start,
                               std::chrono::steady_clock::time_point give_up) {
   using Clock = std::chrono::steady_clock;
@@ -91,9 +91,9 @@ void Rendezvous::wait_for_min(const std::string& seal_key, int r,
     const auto now = Clock::now();
     const auto slice = opts_.on_wait ? std::min(give_up, next_notice) : give_up;
     try {
-      store_.wait({seal_key},
-                  std::max(std::chrono::duration_cast<milliseconds>(slice - now), milliseconds(1)));
-      return;
+      return store_.wait_get(
+          seal_key,
+          std::max(std::chrono::duration_cast<milliseconds>(slice - now), milliseconds(1)));
     } catch (const TimeoutError&) {
       if (Clock::now() >= give_up || !opts_.on_wait) {
         throw TimeoutError("rendezvous '" + opts_.run_id + "'" + at + ": only " + joined() +
@@ -162,28 +162,29 @@ Round Rendezvous::join_round(const NodeDesc& self, int& r, int& expect,
     claims_->forming(r, static_cast<int>(k), described);
 
     // Seal: MAX joined, or the number this node expects (a re-forming job), or MIN joined and
-    // this node's last call passed. The first COMPARE_SET wins; its count is the round's size.
+    // this node's last call passed. The sealer reads the members' descriptions and creates the
+    // seal (the member count) with every assignment (create_with: one etcd txn); the first to
+    // create it wins, and a node that sees the seal finds its assignment there.
     const std::string seal_key = key(r, "seal");
     auto seal_now = [&] {
-      auto m = std::min<std::int64_t>(store_.add(key(r, "joined"), 0), opts_.max_nodes);
-      std::string mine = std::to_string(m);
-      std::string held = store_.compare_set(seal_key, "", mine);
-      if (held == mine) assign(r, static_cast<int>(m), give_up);  // the sealer assigns all
-      return held;
+      // The MAX-th arrival knows the count without asking: at least MAX joined, MAX are members.
+      const auto m = k >= opts_.max_nodes
+                         ? std::int64_t{opts_.max_nodes}
+                         : std::min<std::int64_t>(store_.add(key(r, "joined"), 0), opts_.max_nodes);
+      auto [akeys, values] = assignments(r, static_cast<int>(m), give_up);
+      return store_.create_with(seal_key, std::to_string(m), akeys, values);
     };
     std::string sealed;
     if (k == opts_.max_nodes || (expect >= opts_.min_nodes && k == expect)) {
       sealed = seal_now();
     } else if (k >= opts_.min_nodes) {
       try {
-        store_.wait({seal_key}, std::min(opts_.last_call, until(give_up)));
-        sealed = store_.get(seal_key);
+        sealed = store_.wait_get(seal_key, std::min(opts_.last_call, until(give_up)));
       } catch (const TimeoutError&) {
         sealed = seal_now();  // the last call passed with at least MIN nodes
       }
     } else {
-      wait_for_min(seal_key, r, start, give_up);
-      sealed = store_.get(seal_key);
+      sealed = wait_for_min(seal_key, r, start, give_up);
     }
     const int m = stored_int(seal_key, sealed, 1, opts_.max_nodes);
     if (k > m) {
@@ -228,9 +229,11 @@ Round Rendezvous::join_round(const NodeDesc& self, int& r, int& expect,
   }
 }
 
-// The sealer of round r (m members) reads every description once and writes each node its
-// assignment: O(m) bytes for this node, O(1) for every other.
-void Rendezvous::assign(int r, int m, std::chrono::steady_clock::time_point give_up) {
+// The sealer of round r (m members) reads every description once and computes each node's
+// assignment (keys and values, written with the seal): O(m) bytes for this node, O(1) for every
+// other.
+std::pair<std::vector<std::string>, std::vector<std::string>> Rendezvous::assignments(
+    int r, int m, std::chrono::steady_clock::time_point give_up) {
   std::vector<std::string> keys;
   for (int i = 1; i <= m; ++i) keys.push_back(key(r, "node/" + std::to_string(i)));
   std::vector<std::string> akeys;
@@ -246,8 +249,7 @@ void Rendezvous::assign(int r, int m, std::chrono::steady_clock::time_point give
       if (store_.check({key(r, "event")})) {
         Assignment gone;
         gone.abandoned = true;
-        store_.multi_set(akeys, std::vector<std::string>(akeys.size(), encode(gone)));
-        return;
+        return {akeys, std::vector<std::string>(akeys.size(), encode(gone))};
       }
       if (std::chrono::steady_clock::now() > give_up) {
         throw TimeoutError("rendezvous '" + opts_.run_id + "': round " + std::to_string(r) +
@@ -261,7 +263,7 @@ void Rendezvous::assign(int r, int m, std::chrono::steady_clock::time_point give
   const auto assigned = assign_round(nodes, opts_.by_node_rank);
   std::vector<std::string> values;
   for (int i = 1; i <= m; ++i) values.push_back(encode(assigned[static_cast<std::size_t>(i - 1)]));
-  store_.multi_set(akeys, values);
+  return {akeys, values};
 }
 
 std::vector<NodeDesc> Rendezvous::members(const Round& round) {

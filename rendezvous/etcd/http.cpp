@@ -336,6 +336,7 @@ EtcdStream::EtcdStream(const EtcdHttp& client, std::string_view path, std::strin
     try {
       conn_ = std::make_unique<Connection>(ep, std::min(deadline, Clock::now() + o.connect_timeout),
                                            o.cancel_fd, client.tls());
+      ++client.requests_;
       conn_->send(request_text(ep, path, body, client.token()), deadline);
       ResponseReader r;
       while (!r.headers_done()) {

@@ -101,13 +101,21 @@ std::string EtcdStore::get(std::string_view key) {
 
 std::int64_t EtcdStore::add(std::string_view key, std::int64_t delta) {
   const std::string entries = full(key) + std::string(kCounter);
-  Op range = Op::range(entries, prefix_end(entries));
+  const Op range = Op::range(entries, prefix_end(entries));
+  RangeResult r;
   if (delta != 0) {
-    const WriteResult w = parse_write(
-        http_.post("kv/put", put_body(Op::put(entries + unique(), std::to_string(delta)))));
-    range.revision = w.header.revision;  // the sum as of this add: exactly the entries before it
+    // One txn: the new entry, then the range, which reads the txn's own write (etcd's txns are
+    // serial): the sum as of this add, exactly the entries before it and this one.
+    const TxnResult t = parse_txn(http_.post(
+        "kv/txn", txn_body({}, {Op::put(entries + unique(), std::to_string(delta)), range}, {})));
+    if (t.ranges.size() != 1) {
+      DDP_THROW(ProtocolError, "etcd txn of a put and a range answered " +
+                                   std::to_string(t.ranges.size()) + " ranges");
+    }
+    r = t.ranges.front();
+  } else {
+    r = parse_range(http_.post("kv/range", range_body(range)));
   }
-  const RangeResult r = parse_range(http_.post("kv/range", range_body(range)));
   std::int64_t sum = 0;
   for (const auto& kv : r.kvs) {
     if (__builtin_add_overflow(sum, parse_delta(kv.value, kv.key), &sum)) {
@@ -144,8 +152,51 @@ bool EtcdStore::check(const std::vector<std::string>& keys) {
 void EtcdStore::wait(const std::vector<std::string>& keys) { wait(keys, wait_timeout_); }
 
 void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  if (keys.empty()) return;
+  if (!keys.empty()) await(keys, timeout, /*read_first=*/true);
+}
+
+// Watched first: a key the round waits for is almost never there yet, and a watch and one read
+// (2 requests) beat a read, a watch and a read (3). The value comes from the watch's event or
+// from the read.
+std::string EtcdStore::wait_get(std::string_view key, std::chrono::milliseconds timeout) {
+  return await({std::string(key)}, timeout, /*read_first=*/false).front();
+}
+
+// One txn: `key` created from absent with `desired`, and `keys` with it; or, when `key` exists,
+// what it holds. More than one txn's worth of keys: the rest follow in multi_set's txns.
+std::string EtcdStore::create_with(std::string_view key, std::string_view desired,
+                                   const std::vector<std::string>& keys,
+                                   const std::vector<std::string>& values) {
+  if (keys.size() != values.size() || keys.size() + 1 > kMaxTxnOps ||
+      std::find(keys.begin(), keys.end(), std::string(key)) != keys.end()) {
+    return Store::create_with(key, desired, keys, values);
+  }
+  Compare c;
+  c.key = full(key);
+  c.target = Compare::Target::create;  // absent
+  c.number = 0;
+  std::map<std::string, std::string> last;  // etcd refuses a key twice in one txn: last wins
+  for (std::size_t i = 0; i < keys.size(); ++i) last[full(keys[i])] = values[i];
+  std::vector<Op> puts{Op::put(full(key), std::string(desired))};
+  for (auto& [k, v] : last) puts.push_back(Op::put(k, v));
+  const TxnResult t =
+      parse_txn(http_.post("kv/txn", txn_body({c}, puts, {Op::range(full(key))})));
+  if (t.succeeded) return std::string(desired);
+  if (t.ranges.empty() || t.ranges.front().kvs.empty()) {
+    DDP_THROW(ProtocolError, "etcd: " + std::string(key) + " neither created nor there");
+  }
+  return t.ranges.front().kvs.front().value;
+}
+
+std::vector<std::string> EtcdStore::await(const std::vector<std::string>& keys,
+                                          std::chrono::milliseconds timeout, bool read_first) {
   const auto deadline = Clock::now() + timeout;
+  std::map<std::string, std::string> seen;  // full key -> value, from events and reads
+  auto values = [&] {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(seen[full(k)]);
+    return out;
+  };
   auto timed_out = [&](const std::set<std::string>& missing) {
     std::vector<std::string> named;
     for (const auto& k : keys) {
@@ -155,12 +206,19 @@ void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
                                 " ms waiting for keys: " + join_keys(named));
   };
   for (;;) {
-    const Snapshot s = read(keys);
     std::set<std::string> missing;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (!s.present[i]) missing.insert(full(keys[i]));
+    for (const auto& k : keys) missing.insert(full(k));
+    if (read_first) {
+      const Snapshot s = read(keys);
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (s.present[i]) {
+          missing.erase(full(keys[i]));
+          seen[full(keys[i])] = s.values[i];
+        }
+      }
+      if (missing.empty()) return values();
     }
-    if (missing.empty()) return;
+    read_first = true;  // after a broken watch: read before watching again
     // One watch over [first missing, last missing] from now, then a second read once etcd has
     // created it: a put before the watch is in that read, a put after it comes on the watch.
     // (A watch that starts at a past revision is "unsynced" in etcd and gets its events only
@@ -187,16 +245,18 @@ void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
           DDP_THROW(IoError, "etcd canceled a watch: " + m.cancel_reason);
         }
         for (const auto& e : m.events) {
-          if (!e.deleted) missing.erase(e.kv.key);
+          if (!e.deleted && missing.erase(e.kv.key) != 0) seen[e.kv.key] = e.kv.value;
         }
         if (m.created && !reread) {
           reread = true;
           const Snapshot again = read(keys);
           for (std::size_t i = 0; i < keys.size(); ++i) {
-            if (again.present[i]) missing.erase(full(keys[i]));
+            if (again.present[i] && missing.erase(full(keys[i])) != 0) {
+              seen[full(keys[i])] = again.values[i];
+            }
           }
         }
-        if (missing.empty()) return;
+        if (missing.empty()) return values();
       }
     } catch (const IoError&) {
       if (http_.cancelled() || Clock::now() >= deadline) throw;

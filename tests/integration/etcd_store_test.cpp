@@ -96,7 +96,7 @@ TEST_CASE("etcd store: more keys than etcd takes in one txn", "[integration][etc
   s->wait(keys, 5s);
 }
 
-TEST_CASE("etcd store: concurrent adds are exact with two requests each", "[integration][etcd]") {
+TEST_CASE("etcd store: concurrent adds are exact with one request each", "[integration][etcd]") {
   NEEDS_ETCD();
   EtcdCluster etcd;
   constexpr int kThreads = 8, kAdds = 10;
@@ -112,7 +112,8 @@ TEST_CASE("etcd store: concurrent adds are exact with two requests each", "[inte
   CHECK(all.size() == kThreads * kAdds);  // every add saw a different total: 1..80
   CHECK(*all.begin() == 1);
   CHECK(*all.rbegin() == kThreads * kAdds);
-  for (auto r : requests) CHECK(r == 2 * kAdds);  // no retries under contention
+  // One txn per add (the entry and the range that reads it back), no retries under contention.
+  for (auto r : requests) CHECK(r == kAdds);
 }
 
 TEST_CASE("etcd store: wait is woken by a put and times out naming the keys",
@@ -138,9 +139,13 @@ TEST_CASE("etcd store: the c10d rounds form on etcd with constant etcd requests 
           "[integration][etcd]") {
   NEEDS_ETCD();
   EtcdCluster etcd;
-  // Each agent's etcd requests for one round: a constant bound, whatever the agent count. The
-  // count depends on timing only through whether a key a wait names is already there (one
-  // range) or not yet (a range and a watch): at most 14 for the sealer, fewer for the others.
+  // Each agent's etcd requests for one round, watches counted: a constant bound, whatever the
+  // agent count (issue 37; it was 10, watches not counted). Every agent: the round (1 range),
+  // its arrival (1 txn), its description (1 put). The others: the seal (a watch and a range)
+  // and the assignment written with it (1 range): 6. The sealer, the MAX-th to arrive: the
+  // descriptions (a range to see them there, a range to read them; a watch and a range more if
+  // one is late), the seal with every assignment (1 txn): 6 (measured: 6 to 7 with the
+  // connection's first request).
   for (int n : {2, 4, 8}) {
     const std::string id = "job" + std::to_string(n);
     std::vector<ddp::launch::Round> rounds(static_cast<std::size_t>(n));
@@ -158,8 +163,10 @@ TEST_CASE("etcd store: the c10d rounds form on etcd with constant etcd requests 
     }
     CHECK(ranks.size() == static_cast<std::size_t>(n));
     const auto most = *std::max_element(requests.begin(), requests.end());
-    INFO("agents " << n << ": at most " << most << " etcd requests per agent");
-    CHECK(most <= 14);
+    const auto least = *std::min_element(requests.begin(), requests.end());
+    INFO("agents " << n << ": " << least << " to " << most << " etcd requests per agent");
+    CHECK(most <= 9);  // 7, and a late description's watch and range
+    CHECK(least <= 6);
   }
 }
 

@@ -213,5 +213,20 @@ void ResilientStore::multi_set(const std::vector<std::string>& keys,
 std::vector<std::string> ResilientStore::list_keys() {
   return run([&](rdzv::Store& c) { return c.list_keys(); });
 }
+// Repeated after a reconnection: the rest of its timeout; a create that was applied but whose
+// reply was lost finds `key` holding `desired` and writes `keys` again (the same values).
+std::string ResilientStore::wait_get(std::string_view key, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  return run([&](rdzv::Store& c) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    return c.wait_get(key, std::max(left, std::chrono::milliseconds(1)));
+  });
+}
+std::string ResilientStore::create_with(std::string_view key, std::string_view desired,
+                                        const std::vector<std::string>& keys,
+                                        const std::vector<std::string>& values) {
+  return run([&](rdzv::Store& c) { return c.create_with(key, desired, keys, values); });
+}
 
 }  // namespace ddp::launch

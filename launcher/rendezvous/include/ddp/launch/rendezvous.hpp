@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ddp/launch/round.hpp"
@@ -143,13 +144,15 @@ class Rendezvous {
  private:
   std::string key(int round, const std::string& name) const;
   RoundEvent end_round_number(int round, const RoundEvent& event, bool reopen);
-  void assign(int round, int members, std::chrono::steady_clock::time_point give_up);
+  std::pair<std::vector<std::string>, std::vector<std::string>> assignments(
+      int round, int members, std::chrono::steady_clock::time_point give_up);
   // Waits for round r's event as a spare; returns the round to join next.
   int wait_as_spare(int r, std::chrono::steady_clock::time_point give_up);
   // Waits for round r's seal while fewer than MIN joined: on_wait's line every notice_every;
-  // TimeoutError at give_up, naming the count, the store and join_hint().
-  void wait_for_min(const std::string& seal_key, int r, std::chrono::steady_clock::time_point start,
-                    std::chrono::steady_clock::time_point give_up);
+  // TimeoutError at give_up, naming the count, the store and join_hint(). Returns the seal.
+  std::string wait_for_min(const std::string& seal_key, int r,
+                           std::chrono::steady_clock::time_point start,
+                           std::chrono::steady_clock::time_point give_up);
   [[noreturn]] void throw_finished() const;
 
   Round join_round(const NodeDesc& self, int& r, int& expect,

@@ -40,6 +40,25 @@ class Store {
   virtual void multi_set(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) = 0;
   virtual std::vector<std::string> list_keys() = 0;
+
+  // Composite operations the rendezvous round uses. A backend that can do one in fewer requests
+  // overrides it (etcd: issue 37); these defaults are the plain operations in sequence.
+  //
+  // WAIT for `key`, then its value (a value it held during the call).
+  virtual std::string wait_get(std::string_view key, std::chrono::milliseconds timeout) {
+    wait({std::string(key)}, timeout);
+    return get(key);
+  }
+  // COMPARE_SET(key, "", desired) and, when `desired` is what `key` then holds, MULTI_SET(keys,
+  // values): atomically where the backend can (a reader that sees `key` sees `keys`). Returns
+  // what `key` holds, as compare_set does.
+  virtual std::string create_with(std::string_view key, std::string_view desired,
+                                  const std::vector<std::string>& keys,
+                                  const std::vector<std::string>& values) {
+    std::string held = compare_set(key, "", desired);
+    if (held == desired) multi_set(keys, values);
+    return held;
+  }
 };
 
 // Raises the ASCII-decimal counter `key` to at least `at_least` (a COMPARE_SET loop, so that

@@ -79,6 +79,10 @@ class ResilientStore final : public rdzv::Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   std::vector<std::string> list_keys() override;
+  std::string wait_get(std::string_view key, std::chrono::milliseconds timeout) override;
+  std::string create_with(std::string_view key, std::string_view desired,
+                          const std::vector<std::string>& keys,
+                          const std::vector<std::string>& values) override;
 
   // Safe from any thread: the request in progress and every later one fail with
   // ddp::IoError "... interrupted" (a stop signal, or the watcher's end).

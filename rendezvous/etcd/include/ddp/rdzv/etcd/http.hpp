@@ -53,7 +53,8 @@ class EtcdHttp {
   // ddp::ProtocolError with etcd's message for a refused request (4xx).
   std::string post(std::string_view path, std::string_view body);
 
-  // Requests sent (retries on another member included), for the O(1) tests.
+  // Requests sent, watch streams opened included (retries on another member too), for the O(1)
+  // tests.
   std::uint64_t requests() const { return requests_; }
   const EtcdOptions& options() const { return opts_; }
   // Whether the cancel fd is readable (the caller gives up rather than retries).
@@ -71,7 +72,8 @@ class EtcdHttp {
   std::unique_ptr<Connection> conn_;
   std::size_t member_ = 0;  // the member conn_ is (or will be) connected to
   std::string token_;
-  std::uint64_t requests_ = 0;
+  mutable std::uint64_t requests_ = 0;  // posts and watch streams opened (EtcdStream counts)
+  friend class EtcdStream;
 };
 
 // One streaming POST (a watch) on a connection of its own, to the first member that answers.

@@ -44,6 +44,10 @@ class EtcdStore : public Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   std::vector<std::string> list_keys() override;
+  std::string wait_get(std::string_view key, std::chrono::milliseconds timeout) override;
+  std::string create_with(std::string_view key, std::string_view desired,
+                          const std::vector<std::string>& keys,
+                          const std::vector<std::string>& values) override;
 
   EtcdHttp& http() { return http_; }
   const std::string& prefix() const { return prefix_; }
@@ -57,6 +61,9 @@ class EtcdStore : public Store {
     std::vector<bool> present;
   };
   Snapshot read(const std::vector<std::string>& keys);
+  // Until every key is there (a read first, or a watch first); their values.
+  std::vector<std::string> await(const std::vector<std::string>& keys,
+                                 std::chrono::milliseconds timeout, bool read_first);
   std::string unique();
 
   EtcdHttp http_;
