@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "interop"))
+sys.path.append(str(REPO / "tests"))  # support/, after interop/ (its conftest)
 
 
 def torch_agent(args):
@@ -142,12 +143,12 @@ def main():
             results += ddprun_rounds(bench, "etcd", ep, args.agents, 1, False, args.lease_ms, tag)
             results += ddprun_rounds(bench, "c10d", c10d, args.agents, 1, False, args.lease_ms,
                                      tag)
-            for n in map(int, args.torch_agents.split(",")):
+            for n in [int(x) for x in args.torch_agents.split(",") if x]:  # "": none
                 r = torch_round(ep, n, cluster.dir, args.timeout)
                 r["measure"] = "round"
                 results.append(r)
                 print(json.dumps(r), flush=True)
-        for backend, where in (("etcd", ep), ("c10d", c10d)):
+        for backend, where in (("etcd", ep), ("c10d", c10d)) if args.reform_agents else ():
             results += ddprun_rounds(bench, backend, where, args.reform_agents, args.reps, True,
                                      args.lease_ms, f"{os.getpid()}-reform")
     finally:
