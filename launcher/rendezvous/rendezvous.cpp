@@ -78,8 +78,8 @@ std::string join_hint(bool static_backend) {
 }
 
 std::string Rendezvous::wait_for_min(const std::string& seal_key, int r,
-                              std::chrono::steady_clock::time_point start,
-                              std::chrono::steady_clock::time_point give_up) {
+                                     std::chrono::steady_clock::time_point start,
+                                     std::chrono::steady_clock::time_point give_up) {
   using Clock = std::chrono::steady_clock;
   const auto joined = [&] {
     return std::to_string(store_.add(key(r, "joined"), 0)) + " of at least " +

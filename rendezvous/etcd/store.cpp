@@ -179,8 +179,7 @@ std::string EtcdStore::create_with(std::string_view key, std::string_view desire
   for (std::size_t i = 0; i < keys.size(); ++i) last[full(keys[i])] = values[i];
   std::vector<Op> puts{Op::put(full(key), std::string(desired))};
   for (auto& [k, v] : last) puts.push_back(Op::put(k, v));
-  const TxnResult t =
-      parse_txn(http_.post("kv/txn", txn_body({c}, puts, {Op::range(full(key))})));
+  const TxnResult t = parse_txn(http_.post("kv/txn", txn_body({c}, puts, {Op::range(full(key))})));
   if (t.succeeded) return std::string(desired);
   if (t.ranges.empty() || t.ranges.front().kvs.empty()) {
     DDP_THROW(ProtocolError, "etcd: " + std::string(key) + " neither created nor there");
