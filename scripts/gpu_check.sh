@@ -18,6 +18,9 @@
 # Reproduce on a GPU machine: scripts/gpu_check.sh   (under 8 minutes on one H100/H200)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The test harness's variables (tests/conftest.py, skip.hpp) are not this script's: a GPU test
+# binary run from here must not report into the suite that runs the script.
+unset DDP_TEST_REPORT DDP_SUITE
 
 usage() { sed -n '/^# Usage:/,/^# Reproduce/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 bad() { echo "gpu_check: $1" >&2; exit 2; }

@@ -57,7 +57,8 @@ GLOO_SCRIPT = textwrap.dedent("""
     if rank == int(os.environ["SLEEPER"]):
         stuck_here()
     dist.all_reduce(t)
-    print("done", t)
+    print("done", t, flush=True)
+    os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
 """)
 
 

@@ -80,6 +80,7 @@ WORKER = textwrap.dedent("""
             time.sleep(120)
             sys.exit(2)
         dist.destroy_process_group()
+        os._exit(0)  # not torch's exit: its gloo teardown can abort (docs/testing.md)
     else:
         dump()
 """)
