@@ -17,12 +17,17 @@ namespace {
 constexpr std::chrono::seconds kTraceWait{10};  // for the other nodes' parts of the trace
 constexpr int kFinalPolls = 30;                 // x 100 ms for the others' final records
 
-// Every node of `round` has a final state (or is lost).
-bool round_over(const status::JobStatus& job, int round) {
+// All `members` nodes of `round` are in the view, each with a final state (or lost). A node
+// missing from the view has not published yet (a job shorter than the status interval): its
+// final record is on its way, and without it the summary would count this node's alone.
+bool round_over(const status::JobStatus& job, int round, int members) {
+  int seen = 0;
   for (const auto& n : job.nodes) {
-    if (n.round == round && !n.lost && !status::final_state(n.state)) return false;
+    if (n.round != round) continue;
+    ++seen;
+    if (!n.lost && !status::final_state(n.state)) return false;
   }
-  return true;
+  return seen >= members;
 }
 }  // namespace
 
@@ -150,7 +155,8 @@ void StatusReporter::finish(const std::string& state, int exit_code) {
     job = final_job();
     // The other nodes of the round end at about the same time: give their final records a
     // moment (bounded) so that the summary shows how the job ended, not how it was running.
-    for (int i = 0; i < kFinalPolls && store_ && !round_over(job, copy.round); ++i) {
+    for (int i = 0;
+         i < kFinalPolls && store_ && !round_over(job, copy.round, copy.group_world_size); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       job = final_job();
     }
