@@ -1,6 +1,7 @@
 // EtcdStore (etcd/store.hpp) against a real etcd (tests/support/etcd_fixture.hpp): the Store
-// contract, counters that stay exact under concurrent adds in two requests each, waits woken by
-// watches and timing out by name, the c10d rounds (launch::Rendezvous) formed on etcd with etcd
+// contract, counters that stay exact under concurrent adds in one request each, waits woken by
+// watches and timing out by name, the round's composites (create_with in one txn, wait_get's value
+// from the watch), the c10d rounds (launch::Rendezvous) formed on etcd with etcd
 // requests per agent that do not grow with the agent count, an unreachable cluster named in the
 // error within the timeout, and a 3-member cluster that loses its leader mid-job.
 #include <catch2/catch.hpp>
@@ -114,6 +115,31 @@ TEST_CASE("etcd store: concurrent adds are exact with one request each", "[integ
   CHECK(*all.rbegin() == kThreads * kAdds);
   // One txn per add (the entry and the range that reads it back), no retries under contention.
   for (auto r : requests) CHECK(r == kAdds);
+}
+
+TEST_CASE("etcd store: create_with is one txn that only its creator writes; wait_get's value",
+          "[integration][etcd]") {
+  NEEDS_ETCD();
+  EtcdCluster etcd;
+  auto s = store(etcd);
+  auto other = store(etcd);
+  const auto before = s->http().requests();
+  CHECK(s->create_with("seal", "2", {"a/1", "a/2"}, {"x", "y"}) == "2");
+  CHECK(s->http().requests() - before == 1);  // the seal and both assignments: one txn
+  CHECK(s->multi_get({"a/1", "a/2"}) == std::vector<std::string>{"x", "y"});
+  // A second creator loses: it gets the first one's value and writes nothing.
+  CHECK(other->create_with("seal", "3", {"a/1", "a/3"}, {"LOST", "LOST"}) == "2");
+  CHECK(s->get("a/1") == "x");
+  CHECK_FALSE(s->check({"a/3"}));
+  // wait_get: a key there already, and one put while it waits (the value from the watch).
+  CHECK(s->wait_get("seal", 5s) == "2");
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    other->set("late", "v-late");
+  });
+  CHECK(s->wait_get("late", 10s) == "v-late");
+  t.join();
+  CHECK_THROWS_WITH(s->wait_get("never", 200ms), Catch::Contains("never"));
 }
 
 TEST_CASE("etcd store: wait is woken by a put and times out naming the keys",

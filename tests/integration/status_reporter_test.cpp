@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include "ddp/launch/status_reporter.hpp"
@@ -30,15 +31,21 @@ launch::StatusSetup setup(const std::string& run_id, std::uint16_t port) {
   return ss;
 }
 
+// A store server on an OS-chosen port, one event-loop thread, started.
+std::unique_ptr<rdzv::StoreServer> started_server() {
+  rdzv::ServerOptions so;
+  so.threads = 1;
+  auto server = std::make_unique<rdzv::StoreServer>(so);
+  server->start();
+  return server;
+}
+
 }  // namespace
 
 TEST_CASE("status reporter: one SET per interval, hooks in the record, final state at the end",
           "[integration][status]") {
-  rdzv::ServerOptions so;
-  so.threads = 1;
-  rdzv::StoreServer server(so);
-  server.start();
-  launch::StatusReporter rep(setup("rep1", server.port()));
+  auto server = started_server();
+  launch::StatusReporter rep(setup("rep1", server->port()));
   rep.start();
   rep.phase("rendezvous");
   rep.round_formed(0, 0, 1, 2, 0);
@@ -48,10 +55,10 @@ TEST_CASE("status reporter: one SET per interval, hooks in the record, final sta
 
   // Steady state: only the publisher's SETs reach the store, one per interval.
   std::this_thread::sleep_for(300ms);
-  const auto before = server.stats();
+  const auto before = server->stats();
   const auto t0 = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(1s);
-  const auto after = server.stats();
+  const auto after = server->stats();
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::uint64_t requests = after.requests - before.requests;
@@ -63,7 +70,7 @@ TEST_CASE("status reporter: one SET per interval, hooks in the record, final sta
   CHECK(set_count >= 3);                                       // it does publish
   CHECK(static_cast<double>(set_count) <= elapsed / 0.1 + 2);  // at most one per interval
 
-  rdzv::StoreClient reader("127.0.0.1", server.port());
+  rdzv::StoreClient reader("127.0.0.1", server->port());
   auto job = status::read_job(reader, "rep1", status::unix_now());
   REQUIRE(job.nodes.size() == 1);
   const auto& n = job.nodes[0];
@@ -95,16 +102,13 @@ TEST_CASE("status reporter: one SET per interval, hooks in the record, final sta
   CHECK(f.ranks[1].last_exit == -9);
   CHECK(f.ranks[0].state == "stopped");
   CHECK(job.state == "failed");
-  server.stop();
+  server->stop();
 }
 
 TEST_CASE("status reporter: a healed rank's metrics reach its history (its pipe starts over)",
           "[integration][status]") {
-  rdzv::ServerOptions so;
-  so.threads = 1;
-  rdzv::StoreServer server(so);
-  server.start();
-  launch::StatusReporter rep(setup("rep-heal", server.port()));
+  auto server = started_server();
+  launch::StatusReporter rep(setup("rep-heal", server->port()));
   rep.start();
   rep.round_formed(0, 0, 1, 1, 0);
   rep.workers_started({{0, 0, ::getpid(), -1}});
