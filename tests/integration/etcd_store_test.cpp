@@ -117,7 +117,7 @@ TEST_CASE("etcd store: concurrent adds are exact with one request each", "[integ
   for (auto r : requests) CHECK(r == kAdds);
 }
 
-TEST_CASE("etcd store: create_with is one txn that only its creator writes; wait_get's value",
+TEST_CASE("etcd store: create_with is one txn that only its creator writes, and wait_get's value",
           "[integration][etcd]") {
   NEEDS_ETCD();
   EtcdCluster etcd;
