@@ -26,6 +26,14 @@ int conv_threads();
 void parallel_ranges(std::size_t n, std::size_t min_per_range,
                      const std::function<void(std::size_t, std::size_t)>& fn);
 
+// C = alpha * op(A) * op(B) + beta * C (row-major cblas_sgemm) with C's n columns cut into up to
+// conv_threads() ranges of at least 64, one single-threaded BLAS call each, side by side: the
+// linear layers around the convolutions. OpenBLAS sums a tile at a block's edge in another
+// order than one inside it, so the cut moves some elements' last bits: like the convolutions',
+// the results depend on the thread count, never on timing (one thread: cblas_sgemm's bits).
+void parallel_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
 // y = conv(x, w) + b, shapes as kernels::Conv2dShape.
 void conv2d_gemm_forward(const float* x, const float* w, const float* b, float* y,
                          const kernels::Conv2dShape& s, std::vector<float>& cols);

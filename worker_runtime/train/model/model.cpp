@@ -10,6 +10,7 @@
 #include "ddp/kernels/cpu_ref.hpp"
 #include "ddp/proto/error.hpp"
 #include "data.hpp"
+#include "relu_pool.hpp"
 #include "choice_names.hpp"
 
 namespace ddp::train {
@@ -35,6 +36,8 @@ namespace cpu = ddp::kernels::cpu;
 // The element-wise layers split their work over the conv threads (conv_gemm.hpp) when there is
 // enough of it: a convolution's activations, not a small linear layer's.
 constexpr std::size_t kMinPerThread = std::size_t{1} << 16;
+// A ReLU then a 2x2 pool: one fused pass (relu_pool.hpp) instead of the three references.
+static bool fused_relu_pool(const LayerSpec& l) { return l.pool == 2 && l.act == Act::relu; }
 
 std::size_t LayerSpec::weight_count() const {
   return kind == LayerKind::conv2d ? out_c * in_c * kernel * kernel : in * out;
@@ -213,17 +216,20 @@ void Model::layer_forward(std::size_t k, const float* in, std::size_t rows, bool
     conv2d_gemm_forward(in, w, b, z.data(), conv_shape(l, rows), scratch_);
   } else {
     // z = in · Wᵀ, then + b.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-                static_cast<int>(l.out), static_cast<int>(l.in), 1.0f, in, static_cast<int>(l.in),
-                w, static_cast<int>(l.in), 0.0f, z.data(), static_cast<int>(l.out));
+    parallel_sgemm(false, true, static_cast<int>(rows), static_cast<int>(l.out),
+                   static_cast<int>(l.in), 1.0f, in, static_cast<int>(l.in), w,
+                   static_cast<int>(l.in), 0.0f, z.data(), static_cast<int>(l.out));
     cpu::add_bias(z.data(), b, rows, l.out);
   }
   mem_->release(k, LayerMemory::Pass::forward);
   float* zp = z.data();
-  parallel_ranges(z.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
-    if (l.act == Act::relu) cpu::relu_forward(zp + lo, hi - lo);
-    if (l.act == Act::sigmoid) cpu::sigmoid_forward(zp + lo, hi - lo);
-  });
+  const bool fused = fused_relu_pool(l);
+  if (!fused) {
+    parallel_ranges(z.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
+      if (l.act == Act::relu) cpu::relu_forward(zp + lo, hi - lo);
+      if (l.act == Act::sigmoid) cpu::sigmoid_forward(zp + lo, hi - lo);
+    });
+  }
   std::vector<float>& y = acts_[k];
   if (l.pool > 1) {
     const kernels::PoolShape ps{rows * l.out_c, l.conv_out_h(), l.conv_out_w(), l.pool};
@@ -231,13 +237,21 @@ void Model::layer_forward(std::size_t k, const float* in, std::size_t rows, bool
     argmax_[k].resize(ps.y_size());
     const std::size_t in_plane = ps.in_h * ps.in_w;
     const std::size_t out_plane = ps.out_h() * ps.out_w();
+    const float drop = training ? l.dropout : 0.0f;
+    const std::uint64_t seed = kernels::mix64(dropout_seed_ + k);
     parallel_ranges(ps.planes, kMinPerThread / in_plane + 1, [&](std::size_t lo, std::size_t hi) {
       const kernels::PoolShape part{hi - lo, ps.in_h, ps.in_w, ps.k};
-      cpu::maxpool_forward(zp + lo * in_plane, y.data() + lo * out_plane,
-                           argmax_[k].data() + lo * out_plane, part);
+      if (fused) {
+        relu_maxpool2_dropout_forward(zp + lo * in_plane, y.data() + lo * out_plane,
+                                      argmax_[k].data() + lo * out_plane, part, drop, seed,
+                                      lo * out_plane);
+      } else {
+        cpu::maxpool_forward(zp + lo * in_plane, y.data() + lo * out_plane,
+                             argmax_[k].data() + lo * out_plane, part);
+      }
     });
   }
-  if (training && l.dropout > 0.0f) {
+  if (training && l.dropout > 0.0f && !fused) {
     float* yp = y.data();
     const std::uint64_t seed = kernels::mix64(dropout_seed_ + k);
     parallel_ranges(y.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
@@ -278,7 +292,8 @@ void Model::layer_backward(std::size_t k, const float* in, std::size_t rows,
   const LayerSpec& l = spec_.layers[k];
   const float* p = mem_->acquire(k, LayerMemory::Pass::backward);
   float* g = mem_->grads(k);
-  if (l.dropout > 0.0f) {
+  const bool fused = fused_relu_pool(l);
+  if (l.dropout > 0.0f && !fused) {
     float* d = delta_.data();
     const std::uint64_t seed = kernels::mix64(dropout_seed_ + k);
     parallel_ranges(delta_.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
@@ -293,19 +308,29 @@ void Model::layer_backward(std::size_t k, const float* in, std::size_t rows,
     scratch2_.resize(ps.x_size());
     const std::size_t in_plane = ps.in_h * ps.in_w;
     const std::size_t out_plane = ps.out_h() * ps.out_w();
+    const float scale = l.dropout > 0.0f ? kernels::dropout_scale(l.dropout) : 1.0f;
+    const float* y = acts_[k].data();
     parallel_ranges(ps.planes, kMinPerThread / in_plane + 1, [&](std::size_t lo, std::size_t hi) {
       const kernels::PoolShape part{hi - lo, ps.in_h, ps.in_w, ps.k};
-      cpu::maxpool_backward(delta_.data() + lo * out_plane, argmax_[k].data() + lo * out_plane,
-                            scratch2_.data() + lo * in_plane, part);
+      if (fused) {
+        relu_maxpool2_dropout_backward(
+            delta_.data() + lo * out_plane, y + lo * out_plane, argmax_[k].data() + lo * out_plane,
+            scratch2_.data() + lo * in_plane, part, scale, l.dropout > 0.0f);
+      } else {
+        cpu::maxpool_backward(delta_.data() + lo * out_plane, argmax_[k].data() + lo * out_plane,
+                              scratch2_.data() + lo * in_plane, part);
+      }
     });
     dz = &scratch2_;
   }
   float* dzp = dz->data();
   const float* zp = z.data();
-  parallel_ranges(z.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
-    if (l.act == Act::relu) cpu::relu_backward(dzp + lo, zp + lo, hi - lo);
-    if (l.act == Act::sigmoid) cpu::sigmoid_backward(dzp + lo, zp + lo, hi - lo);
-  });
+  if (!fused) {
+    parallel_ranges(z.size(), kMinPerThread, [&](std::size_t lo, std::size_t hi) {
+      if (l.act == Act::relu) cpu::relu_backward(dzp + lo, zp + lo, hi - lo);
+      if (l.act == Act::sigmoid) cpu::sigmoid_backward(dzp + lo, zp + lo, hi - lo);
+    });
+  }
   const float* w = p;
   float* gw = g;
   float* gb = g + l.weight_count();
@@ -317,18 +342,16 @@ void Model::layer_backward(std::size_t k, const float* in, std::size_t rows,
     return;
   }
   // dW += dzᵀ · in ; db += column sums of dz.
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(l.out),
-              static_cast<int>(l.in), static_cast<int>(rows), 1.0f, dz->data(),
-              static_cast<int>(l.out), in, static_cast<int>(l.in), 1.0f, gw,
-              static_cast<int>(l.in));
+  parallel_sgemm(true, false, static_cast<int>(l.out), static_cast<int>(l.in),
+                 static_cast<int>(rows), 1.0f, dz->data(), static_cast<int>(l.out), in,
+                 static_cast<int>(l.in), 1.0f, gw, static_cast<int>(l.in));
   cpu::sum_rows(dz->data(), gb, rows, l.out);
   if (layer_done) layer_done(k);
   if (k > 0) {
     // d(in) = dz · W
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(l.in), static_cast<int>(l.out), 1.0f, dz->data(),
-                static_cast<int>(l.out), w, static_cast<int>(l.in), 0.0f, delta_prev_.data(),
-                static_cast<int>(l.in));
+    parallel_sgemm(false, false, static_cast<int>(rows), static_cast<int>(l.in),
+                   static_cast<int>(l.out), 1.0f, dz->data(), static_cast<int>(l.out), w,
+                   static_cast<int>(l.in), 0.0f, delta_prev_.data(), static_cast<int>(l.in));
   }
 }
 

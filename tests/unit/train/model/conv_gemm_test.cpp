@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "support/random_floats.hpp"
+#include <cblas.h>
+
 #include "conv_gemm.hpp"
 #include "ddp/kernels/conv_ref.hpp"
 
@@ -145,6 +147,46 @@ TEST_CASE("conv2d im2col + sgemm: a rectangular kernel, no bias, the convnet's c
     CHECK(rel_error(dw, dw_ref) < 1e-5);
     CHECK(rel_error(db, db_ref) < 1e-5);
     CHECK(rel_error(dx, dx_ref) < kTol);
+  }
+  ddp::train::set_conv_threads(1);
+}
+
+TEST_CASE(
+    "parallel_sgemm: cblas_sgemm's bits on one thread, its values on two, the same bits "
+    "each time",
+    "[unit][train]") {
+  // The convnet's fc1 products: forward (B transposed), the weight gradient (A transposed,
+  // accumulated) and the input gradient.
+  struct Case {
+    bool ta, tb;
+    int m, n, k;
+    float beta;
+  };
+  const Case cases[] = {{false, true, 64, 128, 9216, 0.0f},
+                        {true, false, 128, 9216, 64, 1.0f},
+                        {false, false, 64, 9216, 128, 0.0f},
+                        {false, false, 5, 10, 7, 0.0f}};  // too narrow to cut: one call
+  std::uint32_t seed = 300;
+  for (const auto& c : cases) {
+    INFO("m " << c.m << ", n " << c.n << ", k " << c.k);
+    const int lda = c.ta ? c.m : c.k, ldb = c.tb ? c.k : c.n;
+    const auto a = random_floats(static_cast<std::size_t>(c.m) * c.k, ++seed);
+    const auto b = random_floats(static_cast<std::size_t>(c.k) * c.n, ++seed);
+    const auto c0 = random_floats(static_cast<std::size_t>(c.m) * c.n, ++seed);
+    auto run = [&](int threads) {
+      ddp::train::set_conv_threads(threads);
+      std::vector<float> out = c0;
+      ddp::train::parallel_sgemm(c.ta, c.tb, c.m, c.n, c.k, 1.0f, a.data(), lda, b.data(), ldb,
+                                 c.beta, out.data(), c.n);
+      return out;
+    };
+    std::vector<float> blas = c0;
+    cblas_sgemm(CblasRowMajor, c.ta ? CblasTrans : CblasNoTrans, c.tb ? CblasTrans : CblasNoTrans,
+                c.m, c.n, c.k, 1.0f, a.data(), lda, b.data(), ldb, c.beta, blas.data(), c.n);
+    CHECK(run(1) == blas);
+    const auto two = run(2);
+    CHECK(run(2) == two);
+    CHECK(rel_error(two, blas) < 1e-5);
   }
   ddp::train::set_conv_threads(1);
 }
