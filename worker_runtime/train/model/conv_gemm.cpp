@@ -54,12 +54,21 @@ void fill_row(float* __restrict dst, float v, std::size_t n) {
   for (; i < n; ++i) dst[i] = v;
 }
 
-void add_row(float* __restrict dst, const float* __restrict src, std::size_t n) {
+// dst += src, then src = 0: col2im leaves the column gradient zeroed for the next sample's
+// product, which then accumulates onto it (beta 1) instead of OpenBLAS zeroing it in a pass of
+// its own (beta 0 is a zeroing pass, then the same accumulation: the same bits).
+void add_row_and_clear(float* __restrict dst, float* __restrict src, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (std::size_t j = 0; j < 8; ++j) dst[i + j] += src[i + j];
+    for (std::size_t j = 0; j < 8; ++j) {
+      dst[i + j] += src[i + j];
+      src[i + j] = 0.0f;
+    }
   }
-  for (; i < n; ++i) dst[i] += src[i];
+  for (; i < n; ++i) {
+    dst[i] += src[i];
+    src[i] = 0.0f;
+  }
 }
 
 // cols[(c*kh + ky)*kw + kx][oy*OW + ox] = x[c][oy + ky][ox + kx] for one sample.
@@ -78,17 +87,18 @@ void im2col(const float* x, float* cols, const kernels::Conv2dShape& s) {
   }
 }
 
-// dx (one sample, overwritten) = the sum of the columns back onto the input positions.
-void col2im(const float* cols, float* dx, const kernels::Conv2dShape& s) {
+// dx (one sample, overwritten) = the sum of the columns back onto the input positions; the
+// columns are left zeroed.
+void col2im(float* cols, float* dx, const kernels::Conv2dShape& s) {
   const std::size_t oh = s.out_h(), ow = s.out_w(), p = oh * ow;
   std::fill(dx, dx + s.in_channels * s.in_h * s.in_w, 0.0f);
   for (std::size_t c = 0; c < s.in_channels; ++c) {
     float* dxc = dx + c * s.in_h * s.in_w;
     for (std::size_t ky = 0; ky < s.kernel_h; ++ky) {
       for (std::size_t kx = 0; kx < s.kernel_w; ++kx) {
-        const float* row = cols + ((c * s.kernel_h + ky) * s.kernel_w + kx) * p;
+        float* row = cols + ((c * s.kernel_h + ky) * s.kernel_w + kx) * p;
         for (std::size_t oy = 0; oy < oh; ++oy) {
-          add_row(dxc + (oy + ky) * s.in_w + kx, row + oy * ow, ow);
+          add_row_and_clear(dxc + (oy + ky) * s.in_w + kx, row + oy * ow, ow);
         }
       }
     }
@@ -152,7 +162,7 @@ float row_sum(const float* r, std::size_t n) {
 }
 
 // One sample: dw += dy_n · colsᵀ, db += the rows' sums, dx_n = col2im(Wᵀ · dy_n) unless dxn is
-// null. cols and dcols: kdim x P floats each.
+// null. cols and dcols: kdim x P floats each; dcols zero on entry, and left so.
 void backward_sample(const float* dyn, const float* xn, const float* w, float* dxn, float* dw,
                      float* db, float* cols, float* dcols, const kernels::Conv2dShape& s) {
   const std::size_t p = s.out_h() * s.out_w();
@@ -169,10 +179,11 @@ void backward_sample(const float* dyn, const float* xn, const float* w, float* d
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, as_int(s.out_channels), as_int(kdim),
               as_int(p), 1.0f, dyn, as_int(p), cn, as_int(p), 1.0f, dw, as_int(kdim));
   if (dxn == nullptr) return;
-  // dcols = Wᵀ · dy_n; a 1x1 kernel writes dx directly.
+  // dcols (zero) += Wᵀ · dy_n; a 1x1 kernel writes dx directly.
   float* out = direct ? dxn : dcols;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, as_int(kdim), as_int(p),
-              as_int(s.out_channels), 1.0f, w, as_int(kdim), dyn, as_int(p), 0.0f, out, as_int(p));
+              as_int(s.out_channels), 1.0f, w, as_int(kdim), dyn, as_int(p), direct ? 0.0f : 1.0f,
+              out, as_int(p));
   if (!direct) col2im(dcols, dxn, s);
 }
 
@@ -243,6 +254,7 @@ void conv2d_gemm_backward(const float* dy, const float* x, const float* w, float
       gb = db != nullptr ? gw + s.w_size() : nullptr;
       std::fill(gw, gw + grads, 0.0f);
     }
+    if (dx != nullptr) fill_row(mine + per, 0.0f, per);  // the column gradient starts at zero
     for (std::size_t n = first; n < last; ++n) {
       backward_sample(dy + n * y_step, x + n * x_step, w, dx != nullptr ? dx + n * x_step : nullptr,
                       gw, gb, mine, mine + per, s);
