@@ -136,8 +136,9 @@ void forward_sample(const float* xn, const float* w, const float* b, float* yn, 
                     const kernels::Conv2dShape& s) {
   const std::size_t p = s.out_h() * s.out_w();
   const std::size_t kdim = s.in_channels * s.kernel_h * s.kernel_w;
-  for (std::size_t o = 0; o < s.out_channels; ++o)
+  for (std::size_t o = 0; o < s.out_channels; ++o) {
     fill_row(yn + o * p, b != nullptr ? b[o] : 0.0f, p);
+  }
   const float* cn = xn;
   if (s.kernel_h != 1 || s.kernel_w != 1) {  // a 1x1 kernel: the columns are x itself
     im2col(xn, cols, s);
